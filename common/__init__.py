@@ -1,0 +1,1 @@
+"""Pieces shared by the router and the replayer: the SSE stream meter, the capture schema."""

@@ -1,0 +1,1 @@
+"""An OpenAI-compatible LLM engine emulator with a continuous-batching timing model."""

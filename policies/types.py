@@ -1,0 +1,98 @@
+"""Value objects that flow through a policy: the request, the candidates, the decision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+RequestClass = Literal["interactive", "batch"]
+Endpoint = Literal["chat", "completions", "embeddings"]
+REQUEST_CLASSES: tuple[RequestClass, ...] = ("interactive", "batch")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What a policy may know about one request (parsed once by the router's classifier)."""
+
+    request_id: str
+    endpoint: Endpoint
+    model: str
+    request_class: RequestClass
+    stream: bool = False
+    prompt_tokens: int = 0
+    """Estimated prompt size in tokens (the documented counting rule, not the engine's)."""
+    max_tokens: int | None = None
+    """Requested output budget (``max_completion_tokens`` wins over ``max_tokens``)."""
+    session_key: str | None = None
+    """Session/affinity key (a session header), when the client sent one."""
+    prefix_hash: int | None = None
+    """Hash of the prompt's leading block, for prefix-cache affinity."""
+
+    @property
+    def expected_output_tokens(self) -> int:
+        """Output tokens to plan for when the client gave no budget."""
+        return self.max_tokens if self.max_tokens is not None else 256
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """Load scraped from an engine's own /metrics (None where the engine does not say)."""
+
+    waiting: float | None = None
+    running: float | None = None
+    kv_cache_usage: float | None = None
+    """Fraction in [0, 1]."""
+    age_s: float = 0.0
+    """Seconds since the scrape that produced these figures."""
+    stale: bool = False
+    """True when the scrape is older than the configured staleness bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A snapshot of one backend as the router sees it when a request arrives."""
+
+    name: str
+    engine: str
+    """Engine kind, e.g. ``vllm`` or ``deepinfer``; backends of one kind form a pool."""
+    healthy: bool = True
+    inflight: int = 0
+    """Requests the router currently has open on this backend."""
+    max_inflight: int | None = None
+    outstanding_prompt_tokens: int = 0
+    outstanding_output_tokens: int = 0
+    load: EngineLoad | None = None
+    priority_capable: bool = False
+    """The engine honours the request ``priority`` field (vLLM priority scheduling)."""
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.outstanding_prompt_tokens + self.outstanding_output_tokens
+
+    @property
+    def saturated(self) -> bool:
+        return self.max_inflight is not None and self.inflight >= self.max_inflight
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's answer: backends in preference order (head serves, tail is failover)."""
+
+    ranked: tuple[str, ...]
+    priority: int | None = None
+    """When set, the router writes this into the upstream body's ``priority`` field."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """Final per-backend scores, for debugging endpoints; never on the hot path."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to a routed request; fed back to learning policies via ``on_finish``."""
+
+    status: int
+    ok: bool
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    tpot_s: float | None = None

@@ -1,0 +1,1 @@
+"""Replay recorded or imported LLM traffic through the router and report serving latency."""
