@@ -1,0 +1,54 @@
+"""The documented token-counting rule shared by the emulator, the router and the replayer.
+
+Real engines count with their model's tokenizer; we have none on a CPU box, so every part of
+Switchyard that needs a token count uses this rule instead:
+
+* text: one token per run of word characters (``\\w+``) and one per other non-space
+  character (punctuation, symbols). ``"Hello, world!"`` is 4 tokens.
+* chat: each message costs its text's tokens plus ``MESSAGE_OVERHEAD`` (role and template
+  markers), and the prompt ends with ``REPLY_OVERHEAD`` tokens that open the assistant's turn.
+  Content given as a list of parts counts only its ``text`` parts.
+
+The same text always gives the same count, so usage figures, ``/tokenize`` and synthesized
+replay prompts agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+MESSAGE_OVERHEAD = 4
+REPLY_OVERHEAD = 2
+
+
+def text_tokens(text: str) -> list[str]:
+    """The token strings of ``text`` under the rule."""
+    return _TOKEN.findall(text)
+
+
+def count_text(text: str) -> int:
+    """Number of tokens in ``text``."""
+    return sum(1 for _ in _TOKEN.finditer(text))
+
+
+def message_text(content: object) -> str:
+    """The text of one chat message's ``content`` (a string or a list of parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            p["text"]
+            for p in content
+            if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def count_chat(messages: Iterable[Mapping[str, object]]) -> int:
+    """Number of prompt tokens for a chat request's ``messages``."""
+    total = REPLY_OVERHEAD
+    for m in messages:
+        total += MESSAGE_OVERHEAD + count_text(message_text(m.get("content")))
+    return total

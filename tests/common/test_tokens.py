@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, count_chat, count_text, text_tokens
+
+
+def test_text_rule() -> None:
+    assert text_tokens("Hello, world!") == ["Hello", ",", "world", "!"]
+    assert count_text("Hello, world!") == 4
+    assert count_text("") == 0
+    assert count_text("  a  b\n c ") == 3
+
+
+def test_chat_rule() -> None:
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi there"}, {"type": "image_url"}]},
+    ]
+    assert count_chat(msgs) == REPLY_OVERHEAD + 2 * MESSAGE_OVERHEAD + 3 + 2
