@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck unit setup clean
+.PHONY: demo test lint typecheck unit setup browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# The replay report's HTML is checked in a real headless browser: Debian's chromium.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium for the HTML report test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+unit: $(STAMP) browser
 	$(BIN)/pytest
 
 test: lint typecheck unit
