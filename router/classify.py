@@ -1,0 +1,193 @@
+"""Request bytes and headers -> a validated :class:`Parsed` request with its class.
+
+The body is parsed once (orjson). The class comes from, in order: the ``X-Request-Class``
+header, the API key's configured class, OpenAI's ``service_tier`` (``flex`` means batch),
+the configured rules over ``stream``, the output budget and the prompt size, then the default.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from common.tokens import count_chat, count_text, message_text
+from policies.types import REQUEST_CLASSES, Endpoint, RequestClass, RequestInfo
+from router.config import ClassificationSettings, Rule
+from router.errors import RouterError
+
+# What each endpoint must carry besides "model".
+_REQUIRED: dict[Endpoint, str] = {
+    "chat": "messages",
+    "completions": "prompt",
+    "embeddings": "input",
+}
+_PREFIX_CHARS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A request as the router understands it."""
+
+    info: RequestInfo
+    doc: dict[str, Any]
+    """The decoded body (read-only by convention; rewritten copies go upstream)."""
+    include_usage: bool
+    """The client itself asked for the usage chunk of a stream."""
+
+
+def parse_body(body: bytes, endpoint: Endpoint) -> dict[str, Any]:
+    """Decode and check the body's shape; raises :class:`RouterError` (400) when bad."""
+    if not body:
+        raise RouterError(400, "request body is empty; expected a JSON object")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RouterError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise RouterError(400, "request body must be a JSON object")
+    model = doc.get("model")
+    if model is None:
+        raise RouterError(
+            400, "missing required parameter 'model'", "model", "missing_required_parameter"
+        )
+    if not isinstance(model, str) or not model:
+        raise RouterError(400, "'model' must be a non-empty string", "model", "invalid_type")
+    field = _REQUIRED[endpoint]
+    value = doc.get(field)
+    if value is None:
+        raise RouterError(
+            400, f"missing required parameter '{field}'", field, "missing_required_parameter"
+        )
+    if endpoint == "chat" and (
+        not isinstance(value, list) or not all(isinstance(m, dict) for m in value) or not value
+    ):
+        raise RouterError(
+            400, "'messages' must be a non-empty list of objects", field, "invalid_type"
+        )
+    if endpoint != "chat" and not isinstance(value, str | list):
+        raise RouterError(400, f"'{field}' must be a string or a list", field, "invalid_type")
+    if not isinstance(doc.get("stream", False), bool):
+        raise RouterError(400, "'stream' must be a boolean", "stream", "invalid_type")
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = doc.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise RouterError(400, f"'{key}' must be a non-negative integer", key, "invalid_type")
+    opts = doc.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise RouterError(
+            400, "'stream_options' must be an object", "stream_options", "invalid_type"
+        )
+    return doc
+
+
+def prompt_text(doc: Mapping[str, Any], endpoint: Endpoint) -> str:
+    """The prompt's text (chat messages joined; token-id prompts give an empty string)."""
+    if endpoint == "chat":
+        return "\n".join(message_text(m.get("content")) for m in doc["messages"])
+    value = doc[_REQUIRED[endpoint]]
+    if isinstance(value, str):
+        return value
+    return "\n".join(v for v in value if isinstance(v, str))
+
+
+def prompt_tokens(doc: Mapping[str, Any], endpoint: Endpoint) -> int:
+    """The prompt size under the documented counting rule (common/tokens.py)."""
+    if endpoint == "chat":
+        return count_chat(doc["messages"])
+    value = doc[_REQUIRED[endpoint]]
+    if isinstance(value, str):
+        return count_text(value)
+    if value and all(isinstance(v, int) for v in value):
+        return len(value)  # one prompt given as token ids
+    total = 0
+    for v in value:
+        if isinstance(v, str):
+            total += count_text(v)
+        elif isinstance(v, list):
+            total += len(v)
+    return total
+
+
+def classify(
+    doc: dict[str, Any],
+    endpoint: Endpoint,
+    *,
+    request_id: str,
+    header_class: str | None,
+    key_class: RequestClass | None,
+    session_key: str | None,
+    settings: ClassificationSettings,
+) -> Parsed:
+    """Build the :class:`RequestInfo` for a parsed body; raises 400 on a bad class header."""
+    stream = bool(doc.get("stream", False))
+    max_tokens = doc.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = doc.get("max_tokens")
+    tokens = prompt_tokens(doc, endpoint)
+    text = prompt_text(doc, endpoint)
+    info = RequestInfo(
+        request_id=request_id,
+        endpoint=endpoint,
+        model=doc["model"],
+        request_class="interactive",
+        stream=stream,
+        prompt_tokens=tokens,
+        max_tokens=max_tokens,
+        session_key=session_key,
+        prefix_hash=zlib.crc32(text[:_PREFIX_CHARS].encode()) if text else None,
+    )
+    cls = _choose_class(info, doc, header_class, key_class, settings)
+    opts = doc.get("stream_options") or {}
+    return Parsed(
+        info=replace(info, request_class=cls),
+        doc=doc,
+        include_usage=bool(opts.get("include_usage")),
+    )
+
+
+def _choose_class(
+    info: RequestInfo,
+    doc: Mapping[str, Any],
+    header_class: str | None,
+    key_class: RequestClass | None,
+    settings: ClassificationSettings,
+) -> RequestClass:
+    if header_class is not None and settings.honor_header:
+        value = header_class.strip().lower()
+        for c in REQUEST_CLASSES:
+            if value == c:
+                return c
+        known = ", ".join(REQUEST_CLASSES)
+        raise RouterError(400, f"X-Request-Class must be one of: {known}", "X-Request-Class")
+    if key_class is not None:
+        return key_class
+    if settings.flex_is_batch and doc.get("service_tier") == "flex":
+        return "batch"
+    for rule in settings.rules:
+        if matches(rule, info):
+            return rule.request_class
+    return settings.default
+
+
+def matches(rule: Rule, info: RequestInfo) -> bool:
+    """Whether every condition the rule states holds for the request."""
+    if rule.endpoint is not None and rule.endpoint != info.endpoint:
+        return False
+    if rule.stream is not None and rule.stream != info.stream:
+        return False
+    budget = info.max_tokens
+    if rule.max_tokens_at_least is not None and (
+        budget is None or budget < rule.max_tokens_at_least
+    ):
+        return False
+    if rule.max_tokens_below is not None and (budget is None or budget >= rule.max_tokens_below):
+        return False
+    if rule.prompt_tokens_at_least is not None and info.prompt_tokens < rule.prompt_tokens_at_least:
+        return False
+    return not (
+        rule.prompt_tokens_below is not None and info.prompt_tokens >= rule.prompt_tokens_below
+    )

@@ -1,0 +1,69 @@
+"""Errors the router itself returns, in OpenAI's JSON shape.
+
+Every rejection (bad input, unknown model, auth, size, upstream trouble) goes out as
+``{"error": {"message", "type", "param", "code"}}`` so that OpenAI clients raise their usual
+exception classes (``BadRequestError``, ``NotFoundError``, ``APIStatusError`` ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RouterError(Exception):
+    """A request the router refuses or cannot serve; rendered by :func:`error_response`."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> bytes:
+    """The OpenAI error document for ``status`` as bytes."""
+    err = {
+        "message": message,
+        "type": _TYPES.get(status, "server_error"),
+        "param": param,
+        "code": code,
+    }
+    return orjson.dumps({"error": err})
+
+
+def error_response(exc: RouterError, headers: dict[str, str] | None = None) -> web.Response:
+    """An aiohttp response carrying ``exc`` as OpenAI error JSON."""
+    return web.Response(
+        status=exc.status,
+        body=error_body(exc.status, exc.message, exc.param, exc.code),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def sse_error_event(message: str, code: str = "upstream_error") -> bytes:
+    """The SSE event that ends a stream the upstream broke after bytes reached the client."""
+    doc = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + orjson.dumps(doc) + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,148 @@
+"""The one metrics facade: it owns its CollectorRegistry (tests build a fresh one each).
+
+Names and labels are INTERFACES.md's table. Request and session ids never become labels.
+Everything here is called once per request (or per probe), never per streamed chunk.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Fine enough to read a P95 TTFT anywhere from 1 ms to 60 s.
+TTFT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
+    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0,
+    60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+)  # fmt: skip
+DECISION_BUCKETS = (
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+)  # fmt: skip
+
+_REQ = ("policy", "backend", "class")
+
+
+class Metrics:
+    """Prometheus metrics of one router process."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._requests = Counter(
+            "switchyard_requests_total", "Requests by outcome.", [*_REQ, "code"], registry=r
+        )
+        self._ttft = Histogram(
+            "switchyard_time_to_first_token_seconds",
+            "Request arrival to the first content chunk sent to the client.",
+            _REQ,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self._tpot = Histogram(
+            "switchyard_time_per_output_token_seconds",
+            "(E2E - TTFT) / (output tokens - 1).",
+            _REQ,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self._e2e = Histogram(
+            "switchyard_e2e_request_latency_seconds",
+            "Request arrival to the response's last byte.",
+            _REQ,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self._prompt = Counter(
+            "switchyard_prompt_tokens_total", "Prompt tokens (engine usage).", _REQ, registry=r
+        )
+        self._output = Counter(
+            "switchyard_output_tokens_total", "Output tokens (engine usage).", _REQ, registry=r
+        )
+        self._inflight = Gauge(
+            "switchyard_inflight_requests", "Requests open on a backend.", ["backend"], registry=r
+        )
+        self._up = Gauge(
+            "switchyard_backend_up", "1 if the backend is healthy.", ["backend"], registry=r
+        )
+        self._failovers = Counter(
+            "switchyard_failovers_total",
+            "Attempts that failed before the first byte (backend: the one that failed).",
+            ["policy", "backend"],
+            registry=r,
+        )
+        self._decision = Histogram(
+            "switchyard_policy_decision_seconds",
+            "Time a policy took to rank the candidates.",
+            ["policy"],
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        self._aborts = Counter(
+            "switchyard_stream_aborts_total",
+            "Streams the upstream broke after bytes had reached the client.",
+            _REQ,
+            registry=r,
+        )
+        self._dropped = Counter(
+            "switchyard_capture_dropped_total",
+            "Capture entries dropped because the writer's queue was full.",
+            registry=r,
+        )
+
+    def request_done(
+        self,
+        policy: str,
+        backend: str,
+        request_class: str,
+        code: int,
+        *,
+        ttft: float | None,
+        tpot: float | None,
+        e2e: float | None,
+        prompt_tokens: int | None,
+        output_tokens: int | None,
+    ) -> None:
+        """Record one finished request (backend ``none`` when no backend answered)."""
+        labels = (policy, backend, request_class)
+        self._requests.labels(*labels, str(code)).inc()
+        if ttft is not None:
+            self._ttft.labels(*labels).observe(ttft)
+        if tpot is not None:
+            self._tpot.labels(*labels).observe(tpot)
+        if e2e is not None:
+            self._e2e.labels(*labels).observe(e2e)
+        if prompt_tokens:
+            self._prompt.labels(*labels).inc(prompt_tokens)
+        if output_tokens:
+            self._output.labels(*labels).inc(output_tokens)
+
+    def set_inflight(self, backend: str, value: int) -> None:
+        self._inflight.labels(backend).set(value)
+
+    def set_up(self, backend: str, up: bool) -> None:
+        self._up.labels(backend).set(1 if up else 0)
+
+    def failover(self, policy: str, backend: str) -> None:
+        self._failovers.labels(policy, backend).inc()
+
+    def decision(self, policy: str, seconds: float) -> None:
+        self._decision.labels(policy).observe(seconds)
+
+    def stream_aborted(self, policy: str, backend: str, request_class: str) -> None:
+        self._aborts.labels(policy, backend, request_class).inc()
+
+    def capture_dropped(self) -> None:
+        self._dropped.inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
