@@ -1,0 +1,211 @@
+"""The router's capture writer: schema, allow-list, redaction, sampling, drops, rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from pathlib import Path
+
+import orjson
+import pytest
+
+from common.capture import parse_line
+from common.tokens import count_chat
+from router.capture import CaptureEntry, CaptureWriter, hash_text, redact
+from router.config import CaptureSettings
+
+_BODY = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hello, world! What's 2+2?"},
+    ],
+    "max_tokens": 5,
+    "stream": True,
+}
+
+
+def _entry(rid: str, **kw: object) -> CaptureEntry:
+    base: dict[str, object] = {
+        "request_id": rid,
+        "url": "/v1/chat/completions",
+        "body": orjson.dumps(_BODY),
+        "headers": {
+            "Authorization": "Bearer sk-secret",
+            "Cookie": "a=b",
+            "X-Request-Class": "interactive",
+            "User-Agent": "t",
+            "X-Other": "no",
+        },
+        "arrival": time.monotonic(),
+        "arrival_wall": time.time(),
+        "policy": "adaptive",
+        "request_class": "interactive",
+        "backend": "vllm",
+        "failovers": 0,
+        "status": 200,
+        "stream": True,
+        "finish_reason": "length",
+        "prompt_tokens": None,
+        "completion_tokens": 5,
+        "error": None,
+        "ttft_s": 0.1,
+        "tpot_s": 0.01,
+        "e2e_s": 0.15,
+    }
+    base.update(kw)
+    return CaptureEntry(**base)  # type: ignore[arg-type]
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines()
+
+
+async def test_lines_follow_the_schema_and_the_allow_list(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl"
+    headers = ("x-request-class", "user-agent", "authorization", "cookie")
+    w = CaptureWriter(CaptureSettings(path=str(path), headers=headers), on_drop=lambda: None)
+    await w.start()
+    for i in range(3):
+        w.record(_entry(f"r{i}"))
+    await w.aclose()
+    lines = _lines(path)
+    assert len(lines) == 3
+    doc = orjson.loads(lines[0])
+    assert list(doc)[:4] == ["custom_id", "method", "url", "body"]
+    assert doc["body"] == _BODY
+    assert doc["headers"] == {"x-request-class": "interactive", "user-agent": "t"}
+    assert b"sk-secret" not in path.read_bytes() and b"a=b" not in path.read_bytes()
+    rec = parse_line(lines[2])
+    assert rec.custom_id == "r2" and rec.route is not None and rec.route.backend == "vllm"
+    assert rec.resp is not None and rec.resp.completion_tokens == 5
+    assert rec.obs is not None and rec.obs.ttft_ms == pytest.approx(100.0)
+    assert rec.t_offset_ms is not None and rec.t_offset_ms >= 0
+    assert rec.ts is not None and rec.ts.endswith("Z")
+
+
+def test_hash_redaction_keeps_lengths_and_token_counts() -> None:
+    text = "Hello, world! What's 2+2?"
+    hashed = hash_text(text)
+    assert hashed != text and len(hashed) == len(text)
+    assert hash_text(text) == hashed
+    body = redact(dict(_BODY), "hash")
+    assert count_chat(body["messages"]) == count_chat(_BODY["messages"])  # type: ignore[arg-type]
+    assert "world" not in orjson.dumps(body).decode()
+    assert body["max_tokens"] == 5
+
+
+async def test_drop_redaction_keeps_parameters_and_size(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl"
+    w = CaptureWriter(CaptureSettings(path=str(path), redaction="drop"), on_drop=lambda: None)
+    await w.start()
+    w.record(_entry("r0"))
+    await w.aclose()
+    rec = parse_line(_lines(path)[0])
+    assert "messages" not in rec.body and rec.body["max_tokens"] == 5
+    assert rec.resp is not None
+    assert rec.resp.prompt_tokens == count_chat(_BODY["messages"])  # type: ignore[arg-type]
+
+
+async def test_sampling_is_by_request_id(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl"
+    w = CaptureWriter(CaptureSettings(path=str(path), sample_rate=0.3), on_drop=lambda: None)
+    await w.start()
+    ids = [f"req-{i}" for i in range(400)]
+    for rid in ids:
+        w.record(_entry(rid))
+    await w.aclose()
+    kept = {parse_line(line).custom_id for line in _lines(path)}
+    expected = {r for r in ids if zlib.crc32(r.encode()) < int(0.3 * 2**32)}
+    assert kept == expected
+    assert 60 < len(kept) < 180
+
+
+async def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl"
+    drops: list[int] = []
+    w = CaptureWriter(
+        CaptureSettings(path=str(path), queue_size=4), on_drop=lambda: drops.append(1)
+    )
+    await w.start()
+    for i in range(10):  # synchronous burst: the writer task gets no chance to drain
+        w.record(_entry(f"r{i}"))
+    await w.aclose()
+    assert len(drops) == 6
+    assert len(_lines(path)) == 4
+
+
+async def test_rotation_keeps_every_line(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl"
+    w = CaptureWriter(CaptureSettings(path=str(path), rotate_bytes=2000), on_drop=lambda: None)
+    await w.start()
+    for i in range(20):
+        w.record(_entry(f"r{i}"))
+        if i % 5 == 0:
+            await asyncio.sleep(0.01)
+    await w.aclose()
+    files = sorted(tmp_path.iterdir())
+    assert len(files) > 2
+    ids = []
+    for f in files:
+        assert f.stat().st_size <= 2000
+        ids += [parse_line(line).custom_id for line in _lines(f)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(20))
+    # the newest lines are in the unsuffixed file, the oldest in the highest suffix
+    assert parse_line(_lines(path)[-1]).custom_id == "r19"
+
+
+_KILL_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    sys.path.insert(0, {root!r})
+    from router.capture import CaptureWriter
+    from router.config import CaptureSettings
+    from tests.replay.test_capture_writer import _entry
+
+    async def main() -> None:
+        w = CaptureWriter(CaptureSettings(path=sys.argv[1]), on_drop=lambda: None)
+        await w.start()
+        print("writing", flush=True)
+        i = 0
+        while True:
+            for _ in range(50):
+                w.record(_entry(f"r{{i}}"))
+                i += 1
+            await asyncio.sleep(0.001)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_kill_9_leaves_only_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl"
+    root = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "w.py"
+    script.write_text(_KILL_SCRIPT.format(root=root))
+    proc = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"writing\n"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not path.exists() or path.stat().st_size < 200_000):
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+    data = path.read_bytes()
+    assert len(data) >= 200_000
+    assert data.endswith(b"\n")
+    ids = [parse_line(line).custom_id for line in data.splitlines()]
+    assert ids == [f"r{i}" for i in range(len(ids))]
