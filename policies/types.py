@@ -96,3 +96,13 @@ class Outcome:
     ttft_s: float | None = None
     e2e_s: float | None = None
     tpot_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """What a policy may know about a configured backend when it is built."""
+
+    name: str
+    engine: str
+    """Engine kind, e.g. ``vllm`` or ``deepinfer``; the same kind forms one pool."""
+    priority_capable: bool = False

@@ -1,0 +1,50 @@
+"""Pickers: turn weighted total scores into the ranked list (head serves, tail fails over)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.base import Picker
+from policies.params import BuildContext, Params
+from policies.types import Candidate, RequestInfo
+
+
+@dataclass(frozen=True, slots=True)
+class MaxScorePicker:
+    """Highest total first; equal totals keep the candidates' (configuration) order."""
+
+    def pick(self, req: RequestInfo, scored: Sequence[tuple[Candidate, float]]) -> list[str]:
+        order = sorted(range(len(scored)), key=lambda i: -scored[i][1])
+        return [scored[i][0].name for i in order]
+
+
+@dataclass(slots=True)
+class RoundRobinPicker:
+    """Rotates the head through the candidates, one step per request; scores are ignored.
+
+    The rotation follows the candidates' order, and the tail keeps that order after the head,
+    so the failover order is the next backends in turn.
+    """
+
+    _turn: int = 0
+
+    def pick(self, req: RequestInfo, scored: Sequence[tuple[Candidate, float]]) -> list[str]:
+        if not scored:
+            return []
+        start = self._turn % len(scored)
+        self._turn += 1
+        names = [c.name for c, _ in scored]
+        return names[start:] + names[:start]
+
+
+def make_max_score(p: Params, ctx: BuildContext) -> Picker:
+    """``max-score``: no params."""
+    p.done()
+    return MaxScorePicker()
+
+
+def make_round_robin(p: Params, ctx: BuildContext) -> Picker:
+    """``round-robin``: no params."""
+    p.done()
+    return RoundRobinPicker()

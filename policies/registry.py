@@ -1,0 +1,266 @@
+"""The one table of built-in policy types and plugins, and ``build_policy``.
+
+A policy entry in config is ``type`` + ``params``. Built-in types are listed in
+``POLICY_TYPES``; any other type (and any filter/scorer/picker ``type`` inside a
+``pipeline``) may be an out-of-tree ``"module:attr"`` string:
+
+* a policy factory is called as ``attr(name, params, backends)`` and returns a ``Policy``;
+* a plugin factory is called as ``attr(params, backends)`` and returns the plugin.
+
+Both raise ``ValueError`` for bad params; the message is reported at the entry's path.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TypeVar, cast
+
+from policies import filters, pickers, scorers
+from policies.base import Filter, Picker, Policy, Scorer
+from policies.params import BuildContext, ErrorList, Params, class_orders, join_path, type_name
+from policies.pipeline import PipelinePolicy
+from policies.signals import inflight, outstanding_tokens
+from policies.types import BackendInfo
+
+__all__ = ["BackendInfo", "PolicyConfigError", "build_policy", "policy_types"]
+
+T = TypeVar("T")
+PluginFactory = Callable[[Params, BuildContext], T]
+PolicyFactory = Callable[[str, Params, BuildContext], Policy]
+
+
+class PolicyConfigError(ValueError):
+    """Every problem found in one policy entry, each as (path within the entry, message)."""
+
+    def __init__(self, errors: ErrorList) -> None:
+        self.errors = list(errors)
+        super().__init__("; ".join(f"{path}: {message}" for path, message in self.errors))
+
+
+def _class_split(name: str, p: Params, ctx: BuildContext) -> Policy:
+    orders = class_orders(p, ctx)
+    tiers = max((len(t) for t in orders.values()), default=1) or 1
+    # Tiers are 1/tiers apart, so a load tie-breaker weighted below that can only reorder
+    # replicas inside one tier, never promote a later tier.
+    return PipelinePolicy(
+        name,
+        "class-split",
+        filters=(
+            filters.ClassMembersFilter(
+                {cls: frozenset(n for tier in t for n in tier) for cls, t in orders.items()}
+            ),
+        ),
+        scorers=(
+            (scorers.class_affinity(orders), 1.0),
+            (scorers.LoadScorer(inflight), 0.5 / tiers),
+        ),
+    )
+
+
+def _subset(p: Params, ctx: BuildContext) -> tuple[Filter, ...]:
+    entries = p.string_list("backends", non_empty=True)
+    if entries is None:
+        return ()
+    names = frozenset(n for tier in ctx.resolve(p, "backends", entries) for n in tier)
+    return (filters.MembersFilter(names),)
+
+
+def _round_robin(name: str, p: Params, ctx: BuildContext) -> Policy:
+    subset = _subset(p, ctx)
+    p.done()
+    return PipelinePolicy(name, "round-robin", filters=subset, picker=pickers.RoundRobinPicker())
+
+
+def _least_outstanding(name: str, p: Params, ctx: BuildContext) -> Policy:
+    by = p.choice("by", ("requests", "tokens"), "requests")
+    subset = _subset(p, ctx)
+    p.done()
+    signal = inflight if by == "requests" else outstanding_tokens
+    return PipelinePolicy(
+        name, "least-outstanding", filters=subset, scorers=((scorers.LoadScorer(signal), 1.0),)
+    )
+
+
+def _pinned(name: str, p: Params, ctx: BuildContext) -> Policy:
+    backend, engine = p.string("backend"), p.string("engine")
+    p.done()
+    names: frozenset[str] = frozenset()
+    if (backend is None) == (engine is None):
+        p.error("backend", "give exactly one of 'backend' (a name) or 'engine' (a kind)")
+    elif backend is not None:
+        names = frozenset(b.name for b in ctx.backends if b.name == backend)
+        if not names:
+            known = ", ".join(b.name for b in ctx.backends)
+            p.error("backend", f"unknown backend {backend!r} (known: {known})")
+    else:
+        names = frozenset(b.name for b in ctx.backends if b.engine == engine)
+        if not names:
+            p.error("engine", f"unknown engine {engine!r} (known: {', '.join(ctx.engines)})")
+    return PipelinePolicy(
+        name,
+        "pinned",
+        filters=(filters.MembersFilter(names),),
+        scorers=((scorers.LoadScorer(inflight), 1.0),),
+    )
+
+
+FILTERS: Mapping[str, PluginFactory[Filter]] = MappingProxyType(
+    {
+        "members": filters.make_members,
+        "class-members": filters.make_class_members,
+        "not-saturated": filters.make_not_saturated,
+    }
+)
+SCORERS: Mapping[str, PluginFactory[Scorer]] = MappingProxyType(
+    {
+        "least-requests": scorers.make_least_requests,
+        "least-tokens": scorers.make_least_tokens,
+        "queue-depth": scorers.make_queue_depth,
+        "kv-cache": scorers.make_kv_cache,
+        "class-affinity": scorers.make_class_affinity,
+    }
+)
+PICKERS: Mapping[str, PluginFactory[Picker]] = MappingProxyType(
+    {"max-score": pickers.make_max_score, "round-robin": pickers.make_round_robin}
+)
+
+
+def _plugin(
+    entry: object,
+    path: str,
+    table: Mapping[str, PluginFactory[T]],
+    proto: type,
+    ctx: BuildContext,
+    errors: ErrorList,
+    *,
+    weighted: bool = False,
+) -> tuple[T, float] | None:
+    """One ``{type, params[, weight]}`` entry (a bare string means no params)."""
+    spec = Params.of({"type": entry} if isinstance(entry, str) else entry, path, errors)
+    kind = spec.raw_value("type")
+    weight = spec.number("weight", 1.0, low=0.0) if weighted else 1.0
+    raw_params = spec.raw_value("params")
+    spec.done()
+    if not isinstance(kind, str) or not kind:
+        spec.error("type", f"expected a type name, got {type_name(kind)}")
+        return None
+    params_path = join_path(path, "params")
+    if kind in table:
+        return table[kind](Params.of(raw_params, params_path, errors), ctx), weight
+    if ":" not in kind:
+        spec.error("type", f"unknown {kind!r} (known: {', '.join(table)})")
+        return None
+    factory = _load_external(kind, join_path(path, "type"), errors)
+    if factory is None:
+        return None
+    try:
+        built = factory(raw_params or {}, ctx.backends)
+    except ValueError as exc:
+        errors.append((params_path, str(exc)))
+        return None
+    if not isinstance(built, proto):
+        spec.error("type", f"{kind!r} did not return a {proto.__name__}")
+        return None
+    return cast(T, built), weight
+
+
+def _load_external(ref: str, path: str, errors: ErrorList) -> Callable[..., object] | None:
+    module_name, _, attr = ref.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        errors.append((path, f"cannot load {ref!r}: {exc}"))
+        return None
+    if not callable(target):
+        errors.append((path, f"{ref!r} is not callable"))
+        return None
+    return target
+
+
+def _pipeline(name: str, p: Params, ctx: BuildContext) -> Policy:
+    def entries(key: str) -> list[object]:
+        raw = p.raw_value(key)
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            p.error(key, f"expected a list, got {type_name(raw)}")
+            return []
+        return raw
+
+    path = p.path
+    built_filters = [
+        _plugin(e, join_path(join_path(path, "filters"), i), FILTERS, Filter, ctx, p.errors)
+        for i, e in enumerate(entries("filters"))
+    ]
+    built_scorers = [
+        _plugin(
+            e,
+            join_path(join_path(path, "scorers"), i),
+            SCORERS,
+            Scorer,
+            ctx,
+            p.errors,
+            weighted=True,
+        )
+        for i, e in enumerate(entries("scorers"))
+    ]
+    raw_picker = p.raw_value("picker")
+    picker = _plugin(
+        raw_picker or "max-score", join_path(path, "picker"), PICKERS, Picker, ctx, p.errors
+    )
+    p.done()
+    return PipelinePolicy(
+        name,
+        "pipeline",
+        filters=tuple(f[0] for f in built_filters if f is not None),
+        scorers=tuple(s for s in built_scorers if s is not None),
+        picker=picker[0] if picker else pickers.MaxScorePicker(),
+    )
+
+
+POLICY_TYPES: Mapping[str, PolicyFactory] = MappingProxyType(
+    {
+        "class-split": _class_split,
+        "round-robin": _round_robin,
+        "least-outstanding": _least_outstanding,
+        "pinned": _pinned,
+        "pipeline": _pipeline,
+    }
+)
+
+
+def policy_types() -> tuple[str, ...]:
+    """The built-in policy type names."""
+    return tuple(POLICY_TYPES)
+
+
+def build_policy(
+    name: str, type: str, params: Mapping[str, object], backends: Sequence[BackendInfo]
+) -> Policy:
+    """Validate one policy entry and build it; raises PolicyConfigError with ALL errors.
+
+    Paths in the errors are relative to the policy entry (``type``, ``params.by``,
+    ``params.scorers[1].type``, ...).
+    """
+    errors: ErrorList = []
+    ctx = BuildContext(tuple(backends))
+    p = Params.of(params, "params", errors)
+    policy: object = None
+    if type in POLICY_TYPES:
+        policy = POLICY_TYPES[type](name, p, ctx)
+    elif ":" in type:
+        factory = _load_external(type, "type", errors)
+        if factory is not None:
+            try:
+                policy = factory(name, dict(p.raw), ctx.backends)
+            except ValueError as exc:
+                errors.append(("params", str(exc)))
+    else:
+        errors.append(("type", f"unknown {type!r} (known: {', '.join(POLICY_TYPES)})"))
+        if policy is not None and not isinstance(policy, Policy):
+            errors.append(("type", f"{type!r} did not return a Policy"))
+    if errors or not isinstance(policy, Policy):
+        raise PolicyConfigError(errors)
+    return policy
