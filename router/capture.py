@@ -3,11 +3,14 @@
 The request path only calls :meth:`CaptureWriter.record`, which samples and puts the entry on
 a bounded queue without blocking; a full queue drops the entry and calls ``on_drop`` (the
 router counts it in ``switchyard_capture_dropped_total``). A background task drains the queue,
-redacts, serialises to capture lines (see :mod:`common.capture`) and hands whole lines to a
-worker thread that writes them with one ``os.write`` per batch on an ``O_APPEND`` descriptor.
-Nothing is buffered in user space, so lines reach the kernel as soon as they are written (well
-within a second) and a ``kill -9`` of the router can lose at most the batch in flight, never
-leave half a line behind a whole one.
+redacts and serialises to capture lines (see :mod:`common.capture`), and a worker thread
+pipes each batch to a small sink process (``python -m router.capture``) that owns the file.
+
+Why a separate process: a ``kill -9`` can cut a large ``write(2)`` to a regular file short,
+tearing a line. The sink copies only complete lines from the pipe to the file, so when the
+router dies mid-write the sink sees EOF, drops the incomplete tail and exits: the file loses
+at most the lines in flight and never holds half a line. Nothing waits in user-space buffers,
+so lines reach the file as soon as the writer task has them (well within a second).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import asyncio
 import hashlib
 import os
 import re
+import subprocess
+import sys
+import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -120,15 +126,14 @@ class CaptureWriter:
         self._threshold = int(min(max(settings.sample_rate, 0.0), 1.0) * 2**32)
         self._queue: asyncio.Queue[CaptureEntry | None] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._fd = -1
-        self._size = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pipe = -1
         self._t0 = 0.0
 
     async def start(self) -> None:
-        """Open the capture file (appending) and start the background writer."""
-        loop = asyncio.get_running_loop()
-        self._t0 = loop.time()
-        self._fd = await asyncio.to_thread(self._open)
+        """Start the file sink process and the background writer task."""
+        self._t0 = time.monotonic()
+        self._proc = await asyncio.to_thread(self._spawn)
         self._queue = asyncio.Queue(maxsize=self._settings.queue_size)
         self._task = asyncio.create_task(self._run(), name="capture-writer")
 
@@ -145,16 +150,17 @@ class CaptureWriter:
             self._on_drop()
 
     async def aclose(self) -> None:
-        """Write everything queued, then close the file."""
-        if self._queue is None or self._task is None:
+        """Write everything queued, close the pipe and wait for the sink to finish the file."""
+        if self._queue is None or self._task is None or self._proc is None:
             return
         if not self._task.done():
             await self._queue.put(None)
             await self._task
         self._queue = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        proc = self._proc
+        assert proc.stdin is not None
+        proc.stdin.close()
+        await asyncio.to_thread(proc.wait)
 
     async def _run(self) -> None:
         queue = self._queue
@@ -175,8 +181,8 @@ class CaptureWriter:
                     self._on_drop()
             if lines:
                 try:
-                    await asyncio.to_thread(self._write, lines)
-                except OSError:
+                    await asyncio.to_thread(self._write, b"".join(lines))
+                except OSError:  # the sink is gone
                     for _ in lines:
                         self._on_drop()
 
@@ -217,26 +223,49 @@ class CaptureWriter:
 
     # The methods below run in a worker thread; only the writer task calls them, one at a time.
 
-    def _open(self) -> int:
-        fd = os.open(self._settings.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = os.fstat(fd).st_size
-        return fd
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        s = self._settings
+        argv = [sys.executable, "-m", "router.capture", s.path, str(s.rotate_bytes or 0)]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True)
+        assert proc.stdin is not None
+        self._pipe = proc.stdin.fileno()
+        return proc
 
-    def _write(self, lines: list[bytes]) -> None:
-        limit = self._settings.rotate_bytes
-        chunk: list[bytes] = []
-        size = 0
-        for line in lines:
-            if limit is not None and self._size + size + len(line) > limit:
-                if chunk:
-                    self._write_all(b"".join(chunk))
-                    chunk, size = [], 0
-                if self._size > 0:
-                    self._rotate()
-            chunk.append(line)
-            size += len(line)
-        if chunk:
-            self._write_all(b"".join(chunk))
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._pipe, view)
+            view = view[n:]
+
+
+class _Sink:
+    """The file side, in its own process: whole lines in, whole lines out, with rotation."""
+
+    def __init__(self, path: str, rotate_bytes: int) -> None:
+        self._path = path
+        self._limit = rotate_bytes
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._size = os.fstat(self._fd).st_size
+
+    def run(self, fd: int) -> None:
+        """Copy complete lines from ``fd`` until EOF; an incomplete last line is discarded."""
+        pending = b""
+        while chunk := os.read(fd, 1 << 20):
+            data = pending + chunk if pending else chunk
+            cut = data.rfind(b"\n") + 1
+            pending = data[cut:]
+            if cut:
+                self._lines(data[:cut])
+        os.close(self._fd)
+
+    def _lines(self, data: bytes) -> None:
+        if not self._limit or self._size + len(data) <= self._limit:
+            self._write_all(data)
+            return
+        for line in data.splitlines(keepends=True):
+            if self._size and self._size + len(line) > self._limit:
+                self._rotate()
+            self._write_all(line)
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -247,7 +276,7 @@ class CaptureWriter:
 
     def _rotate(self) -> None:
         """``path`` becomes ``path.1``; older rotations move up one number."""
-        path = self._settings.path
+        path = self._path
         n = 1
         while os.path.exists(f"{path}.{n}"):
             n += 1
@@ -257,3 +286,9 @@ class CaptureWriter:
         os.replace(path, f"{path}.1")
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._size = 0
+
+
+if __name__ == "__main__":
+    # Own session (see _spawn): a Ctrl-C or group kill reaches only the router, whose exit
+    # closes the pipe; the sink then finishes the file on EOF.
+    _Sink(sys.argv[1], int(sys.argv[2])).run(0)
