@@ -1,0 +1,47 @@
+"""Synthesized prompts hit the requested length and share the prefixes hash_ids say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.tokens import count_chat
+from replay.sources import Synth
+from replay.synth import BLOCK_TOKENS, Calibration, PromptSynth, calibrate
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=7, max_value=5000))
+def test_exact_length_under_the_rule(n: int) -> None:
+    msgs = PromptSynth().messages(Synth(n), seed="req-1")
+    assert count_chat(msgs) == n
+
+
+def test_shared_hash_ids_share_a_prefix() -> None:
+    s = PromptSynth()
+    a = s.messages(Synth(3 * BLOCK_TOKENS, (1, 2, 3)), "a")[0]["content"]
+    b = s.messages(Synth(3 * BLOCK_TOKENS, (1, 2, 9)), "b")[0]["content"]
+    c = s.messages(Synth(3 * BLOCK_TOKENS, (7, 2, 3)), "c")[0]["content"]
+    common = len(" ".join(a.split()[: 2 * BLOCK_TOKENS]))
+    assert a[:common] == b[:common] and a != b
+    assert a[:50] != c[:50]
+
+
+def test_unshared_prompts_differ_from_the_first_word() -> None:
+    s = PromptSynth()
+    a = s.messages(Synth(300), "x")[0]["content"]
+    b = s.messages(Synth(300), "y")[0]["content"]
+    assert a.split()[:8] != b.split()[:8]
+
+
+async def test_calibration_fits_another_tokenizer() -> None:
+    # a target whose tokenizer counts 2 tokens per word and 10 tokens of template
+    async def count(messages: list[dict[str, Any]]) -> int:
+        return 10 + 2 * len(str(messages[0]["content"]).split())
+
+    cal = await calibrate(count)
+    assert cal == Calibration(overhead=10.0, per_word=2.0)
+    msgs = PromptSynth(cal).messages(Synth(1000), "z")
+    assert await count(msgs) == 1000
