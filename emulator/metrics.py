@@ -1,0 +1,79 @@
+"""Prometheus metrics with vLLM's names, on a registry owned by each server instance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from emulator.model import Engine
+
+_LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's live state at scrape time (nothing to keep in sync)."""
+
+    def __init__(self, engine: Engine, model: str) -> None:
+        self._engine = engine
+        self._model = model
+
+    def collect(self) -> Iterator[Metric]:
+        e, labels = self._engine, [self._model]
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Requests in model execution batches.", e.num_running),
+            ("vllm:num_requests_waiting", "Requests waiting to be processed.", e.num_waiting),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                e.kv_usage(),
+            ),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(labels, float(value))
+            yield g
+        c = CounterMetricFamily(
+            "vllm:num_preemptions", "Cumulative number of preemptions.", labels=["model_name"]
+        )
+        c.add_metric(labels, float(e.num_preemptions))
+        yield c
+
+
+class EngineMetrics:
+    """The facade the server records into; ``render`` gives the Prometheus text."""
+
+    def __init__(self, engine: Engine, model: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine, model))
+        r, lab = self.registry, ["model_name"]
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", lab,
+            registry=r, buckets=_LATENCY_BUCKETS,
+        ).labels(model)  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Gap between streamed chunks.", lab,
+            registry=r, buckets=_ITL_BUCKETS,
+        ).labels(model)  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", lab,
+            registry=r, buckets=_LATENCY_BUCKETS,
+        ).labels(model)  # fmt: skip
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prefill tokens processed.", lab, registry=r
+        ).labels(model)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generation tokens processed.", lab, registry=r
+        ).labels(model)
+
+    def render(self) -> bytes:
+        """The exposition text of every metric."""
+        return generate_latest(self.registry)

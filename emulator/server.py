@@ -1,0 +1,323 @@
+"""The emulator's HTTP surface, shaped like vLLM's OpenAI-compatible server.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+``POST /tokenize``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Generation requests
+are validated, given a fault plan, turned into a :class:`~emulator.model.Sequence` and handed
+to the :class:`~emulator.driver.Driver`; the handler then writes one SSE event per chunk the
+engine emits. Every error is OpenAI's error JSON with vLLM's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from emulator.api import ApiError, Generation, check_context, parse_generation, parse_json
+from emulator.driver import Driver
+from emulator.faults import HEADER, FaultPlan, injected_error, plan_for
+from emulator.metrics import EngineMetrics
+from emulator.model import Engine, Sequence
+from emulator.profiles import Profile
+from emulator.surface import embeddings_body, models_body, tokenize_body
+from emulator.text import natural_length, output_pieces, request_rng
+
+_DONE = b"data: [DONE]\n\n"
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How one emulator process is configured."""
+
+    profile: Profile
+    model: str
+    time_scale: float = 1.0
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class _State:
+    options: ServerOptions
+    driver: Driver
+    metrics: EngineMetrics
+    fault_rng: random.Random
+    created: int
+
+
+STATE = web.AppKey("emulator_state", _State)
+OPTIONS = web.AppKey("emulator_options", ServerOptions)
+
+
+class _Chunks:
+    """Pre-encoded SSE event framing for one response: only the text changes per chunk."""
+
+    __slots__ = ("final", "head", "tail")
+
+    def __init__(self, gen: Generation, rid: str, created: int, finish: str) -> None:
+        obj = "chat.completion.chunk" if gen.chat else "text_completion"
+        meta = orjson.dumps({"id": rid, "object": obj, "created": created, "model": gen.model})
+        field = b'"delta":{"content":' if gen.chat else b'"text":'
+        close = b"}" if gen.chat else b""
+        self.head = b"data: " + meta[:-1] + b',"choices":[{"index":0,' + field
+        self.tail = close + b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        self.final = close + b',"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % (
+            finish.encode()
+        )
+
+
+def _error_response(err: ApiError) -> web.Response:
+    return web.Response(status=err.status, body=err.body(), content_type="application/json")
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Turn validation errors and unknown routes into OpenAI error JSON."""
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return _error_response(err)
+    except web.HTTPNotFound:
+        return _error_response(ApiError(404, f"Not found: {request.method} {request.path}"))
+    except web.HTTPMethodNotAllowed:
+        return _error_response(
+            ApiError(405, f"Method {request.method} not allowed on {request.path}")
+        )
+
+
+def _usage(prompt: int, completion: int) -> dict[str, object]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+    }
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    opts = state.options
+    started = time.perf_counter()
+    raw = await request.read()
+    gen = parse_generation(parse_json(raw), chat=chat, served=opts.model)
+    plan = plan_for(request.headers.get(HEADER), opts.profile.faults, state.fault_rng)
+    if plan.stall:
+        await asyncio.sleep(plan.stall)
+    if plan.status is not None:
+        raise injected_error(plan.status)
+    cap = check_context(gen.prompt_tokens, gen.max_tokens, opts.profile.max_model_len)
+    engine = state.driver.engine
+    limit = opts.profile.faults.max_waiting
+    if limit is not None and engine.num_waiting >= limit:
+        raise ApiError(503, f"Engine overloaded: {engine.num_waiting} requests already waiting.")
+    rng = request_rng(opts.seed, raw)
+    length = cap if gen.ignore_eos else natural_length(rng, opts.profile.natural_output_tokens)
+    length = max(min(length, cap), gen.min_tokens, 1)
+    finish = "length" if length >= cap else "stop"
+    if gen.prompt_tokens + length > engine.capacity_tokens():
+        raise ApiError(
+            400,
+            f"The request needs {gen.prompt_tokens + length} tokens of KV cache but one engine "
+            f"rank holds {engine.capacity_tokens()}.",
+            "max_tokens",
+        )
+    seq = Sequence(
+        prompt_tokens=gen.prompt_tokens,
+        output_tokens=length,
+        priority=gen.priority,
+        rng=random.Random(rng.getrandbits(64)),
+    )
+    pieces = output_pieces(rng, length)
+    base_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    rid = ("chatcmpl-" if chat else "cmpl-") + base_id
+    created = int(time.time())
+    state.metrics.prompt_tokens.inc(gen.prompt_tokens)
+    wake = state.driver.submit(seq)
+    try:
+        if gen.stream:
+            return await _stream(request, state, gen, seq, wake, pieces, plan, rid, created,
+                                 finish, started)  # fmt: skip
+        return await _whole(request, state, gen, seq, wake, pieces, plan, rid, created, finish,
+                            started)  # fmt: skip
+    finally:
+        state.driver.release(seq)
+
+
+def _abort(request: web.Request) -> None:
+    """Drop the connection without a proper end (the drop_after fault)."""
+    if request.transport is not None:
+        request.transport.abort()
+    raise asyncio.CancelledError
+
+
+async def _stream(
+    request: web.Request,
+    state: _State,
+    gen: Generation,
+    seq: Sequence,
+    wake: asyncio.Event,
+    pieces: list[str],
+    plan: FaultPlan,
+    rid: str,
+    created: int,
+    finish: str,
+    started: float,
+) -> web.StreamResponse:
+    headers = {**_SSE_HEADERS, "X-Request-Id": rid.partition("-")[2]}
+    resp = web.StreamResponse(headers=headers)
+    await resp.prepare(request)
+    framing = _Chunks(gen, rid, created, finish)
+    if gen.chat:
+        head = framing.head.replace(
+            b'"delta":{"content":', b'"delta":{"role":"assistant","content":'
+        )
+        await resp.write(head + b'""' + framing.tail)
+    drop = plan.drop_after
+    if drop == 0:
+        _abort(request)
+    metrics = state.metrics
+    observe_itl = metrics.itl.observe
+    length = seq.output_tokens
+    sent = 0
+    last = 0.0
+    while sent < length:
+        await wake.wait()
+        wake.clear()
+        chunks, seq.chunks = seq.chunks, []
+        for n in chunks:
+            text = "".join(pieces[sent : sent + n])
+            sent += n
+            tail = framing.final if sent >= length else framing.tail
+            await resp.write(framing.head + orjson.dumps(text) + tail)
+            now = time.perf_counter()
+            if last:
+                observe_itl(now - last)
+            else:
+                metrics.ttft.observe(now - started)
+            last = now
+            if drop is not None and sent >= drop:
+                _abort(request)
+    metrics.generation_tokens.inc(sent)
+    metrics.e2e.observe(time.perf_counter() - started)
+    if gen.include_usage:
+        obj = "chat.completion.chunk" if gen.chat else "text_completion"
+        doc = {"id": rid, "object": obj, "created": created, "model": gen.model, "choices": [],
+               "usage": _usage(gen.prompt_tokens, sent)}  # fmt: skip
+        await resp.write(b"data: " + orjson.dumps(doc) + b"\n\n")
+    await resp.write(_DONE)
+    await resp.write_eof()
+    return resp
+
+
+async def _whole(
+    request: web.Request,
+    state: _State,
+    gen: Generation,
+    seq: Sequence,
+    wake: asyncio.Event,
+    pieces: list[str],
+    plan: FaultPlan,
+    rid: str,
+    created: int,
+    finish: str,
+    started: float,
+) -> web.StreamResponse:
+    while not seq.done:
+        await wake.wait()
+        wake.clear()
+        seq.chunks.clear()
+        if plan.drop_after is not None and seq.generated >= plan.drop_after:
+            _abort(request)
+    n = seq.output_tokens
+    state.metrics.generation_tokens.inc(n)
+    state.metrics.e2e.observe(time.perf_counter() - started)
+    text = "".join(pieces)
+    if gen.chat:
+        message: dict[str, object] = {
+            "role": "assistant",
+            "content": text,
+            "reasoning_content": None,
+            "tool_calls": [],
+        }
+        choice: dict[str, object] = {"index": 0, "message": message}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "prompt_logprobs": None}
+        obj = "text_completion"
+    choice.update(logprobs=None, finish_reason=finish, stop_reason=None)
+    doc = {"id": rid, "object": obj, "created": created, "model": gen.model, "choices": [choice],
+           "usage": _usage(gen.prompt_tokens, n)}  # fmt: skip
+    headers = {"X-Request-Id": rid.partition("-")[2]}
+    return web.Response(body=orjson.dumps(doc), content_type="application/json", headers=headers)
+
+
+async def _models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = models_body(state.options.model, state.options.profile.max_model_len, state.created)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    doc = parse_json(await request.read())
+    body = tokenize_body(doc, state.options.model, state.options.profile.max_model_len)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _embeddings(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    doc = parse_json(await request.read())
+    opts = state.options
+    body = embeddings_body(doc, opts.model, opts.seed, opts.profile.embedding_dim)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def _lifespan(app: web.Application) -> AsyncIterator[None]:
+    opts = app[OPTIONS]
+    engine = Engine(opts.profile, seed=opts.seed)
+    driver = Driver(engine, opts.time_scale)
+    metrics = EngineMetrics(engine, opts.model)
+    app[STATE] = _State(opts, driver, metrics, random.Random(opts.seed), int(time.time()))
+    driver.start()
+    yield
+    await driver.stop()
+
+
+def build_app(options: ServerOptions) -> web.Application:
+    """The aiohttp application for one emulated engine."""
+    app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
+    app[OPTIONS] = options
+    app.cleanup_ctx.append(_lifespan)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/embeddings", _embeddings)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app

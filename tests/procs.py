@@ -1,0 +1,99 @@
+"""Run real Switchyard processes (emulator, router) for tests, over loopback only.
+
+``start_process`` spawns a command, waits (bounded) for the line that says it is ready and
+yields the URL it printed; on exit it terminates the process and kills it after a grace
+period. ``start_emulator`` wraps it for ``python -m emulator`` on a free port::
+
+    with start_emulator("vllm", time_scale=50) as emu:
+        client = openai.OpenAI(base_url=emu.url + "/v1", api_key="x")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Process:
+    """A started process and the URL it announced."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+
+
+Emulator = Process
+
+
+@contextlib.contextmanager
+def start_process(
+    argv: Sequence[str],
+    ready_line_prefix: str,
+    timeout: float = 20.0,
+    grace: float = 5.0,
+) -> Iterator[Process]:
+    """Start ``argv``; wait up to ``timeout`` s for a stdout line ``PREFIX http://HOST:PORT``.
+
+    Stdout after the ready line is drained by nobody, so commands should log to stderr (which
+    is inherited). The process is always terminated, then killed after ``grace`` seconds.
+    """
+    proc = subprocess.Popen(list(argv), cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        url = _wait_ready(proc, ready_line_prefix, timeout)
+        yield Process(url=url, proc=proc)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(grace)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str:
+    """Read stdout unbuffered (os.read) so select never misses a line already read."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not sel.select(left):
+                break
+            data = os.read(fd, 4096)
+            if not data:
+                raise RuntimeError(f"{proc.args} exited ({proc.wait()}) before ready: {buf!r}")
+            buf += data
+            for line in buf.decode(errors="replace").splitlines():
+                if line.startswith(prefix):
+                    return line[len(prefix) :].strip()
+    raise TimeoutError(f"{proc.args} not ready after {timeout} s: {buf!r}")
+
+
+@contextlib.contextmanager
+def start_emulator(
+    profile: str,
+    *,
+    time_scale: float = 1.0,
+    seed: int = 0,
+    args: Sequence[str] = (),
+    timeout: float = 20.0,
+) -> Iterator[Emulator]:
+    """Run ``python -m emulator --profile PROFILE --port 0 ...`` until the block exits."""
+    argv = [sys.executable, "-m", "emulator", "--profile", profile, "--port", "0",
+            "--time-scale", str(time_scale), "--seed", str(seed), *args]  # fmt: skip
+    with start_process(argv, "emulator listening on", timeout) as proc:
+        yield proc
