@@ -1,11 +1,172 @@
-"""`router` console script (serve, check-config)."""
+"""``router`` console script.
+
+    router serve [--config PATH] [--host HOST] [--port PORT] [--workers N]
+    router check-config PATH
+
+``serve`` without ``--config`` uses the embedded default (config/router.yaml), which starts
+two emulated engines as child processes. Once listening it prints
+``router listening on http://HOST:PORT`` and flushes. With ``--workers N`` N processes
+share the port through SO_REUSEPORT (each has its own metrics and in-flight counts).
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
 import sys
+from collections.abc import Callable
+from dataclasses import replace
+from importlib.resources import files
+from pathlib import Path
+
+import uvloop
+
+from router.app import build_app, build_policies, listen_socket, serve
+from router.backends import Pool
+from router.children import Children
+from router.config import ConfigError, RouterConfig, load_config
+
+log = logging.getLogger("router")
+READY = "router listening on "
+
+
+def default_config_path() -> Path:
+    """The embedded default, shipped as package data of ``config``."""
+    return Path(str(files("config").joinpath("router.yaml")))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="router", description="Switchyard LLM router.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the router")
+    s.add_argument("--config", type=Path, help="YAML config (default: the embedded default)")
+    s.add_argument("--host", help="listen address (overrides listen.host)")
+    s.add_argument("--port", type=int, help="listen port, 0 for a free one (overrides listen.port)")
+    s.add_argument("--workers", type=int, default=1, help="processes sharing the port")
+    c = sub.add_parser("check-config", help="validate a config; exit 2 listing every error")
+    c.add_argument("path", type=Path)
+    return p
+
+
+def load_checked(path: Path) -> RouterConfig:
+    """Load ``path`` and build its policies; raises ConfigError with every error found."""
+    config = load_config(path)
+    build_policies(config, Pool(config.backends, config.aliases, config.health))
+    return config
+
+
+def check_config(path: Path) -> int:
+    try:
+        config = load_checked(path)
+    except ConfigError as exc:
+        for key, message in exc.errors:
+            print(f"{key}: {message}" if key else message, file=sys.stderr)
+        print(f"{path}: {len(exc.errors)} error(s)", file=sys.stderr)
+        return 2
+    print(f"{path}: ok ({len(config.backends)} backends, {len(config.policies)} policies)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; the router lands with its own issue."""
-    print("router: not yet", file=sys.stderr)
-    return 1
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.command == "check-config":
+        return check_config(args.path)
+    path = args.config or default_config_path()
+    try:
+        config = load_checked(path)
+    except ConfigError as exc:
+        for key, message in exc.errors:
+            print(f"{key}: {message}" if key else message, file=sys.stderr)
+        return 2
+    listen = replace(
+        config.listen,
+        host=args.host if args.host is not None else config.listen.host,
+        port=args.port if args.port is not None else config.listen.port,
+    )
+    if args.workers < 1:
+        print("router: --workers must be at least 1", file=sys.stderr)
+        return 2
+    children = Children()
+    try:
+        config = children.start(replace(config, listen=listen))
+        if args.workers == 1:
+            sock = listen_socket(listen.host, listen.port)
+            uvloop.run(_worker(config, sock, _announce))
+            return 0
+        return _supervise(config, args.workers)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        children.stop()
+
+
+def _announce(url: str) -> None:
+    print(READY + url, flush=True)
+
+
+async def _worker(config: RouterConfig, sock: socket.socket, ready: Callable[[str], None]) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down cleanly; ``ready(url)`` once listening."""
+    app = build_app(config)
+    served = await serve(app, sock)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    ready(served.url)
+    log.info("serving %s (pid %d)", served.url, os.getpid())
+    try:
+        await stop.wait()
+    finally:
+        await served.runner.cleanup()
+
+
+def _supervise(config: RouterConfig, workers: int) -> int:
+    """Fork ``workers`` processes on one SO_REUSEPORT port; wait for a signal; stop them."""
+    first = listen_socket(config.listen.host, config.listen.port, reuse_port=True)
+    port = first.getsockname()[1]
+    ready_r, ready_w = os.pipe()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pids: list[int] = []
+    for i in range(workers):
+        sock = first if i == 0 else listen_socket(config.listen.host, port, reuse_port=True)
+        pid = os.fork()
+        if pid == 0:  # worker: serve, tell the parent it is up, never return into main()
+            os.close(ready_r)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+            def tell_parent(_: str) -> None:
+                os.write(ready_w, b"1")
+                os.close(ready_w)
+
+            code = 0
+            try:
+                uvloop.run(_worker(config, sock, tell_parent))
+            except BaseException:
+                log.exception("worker %d failed", i)
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+        if sock is not first:
+            sock.close()
+    first.close()
+    os.close(ready_w)
+    got = b""
+    while len(got) < workers:
+        chunk = os.read(ready_r, workers)
+        if not chunk:
+            break
+        got += chunk
+    os.close(ready_r)
+    if len(got) == workers:
+        print(f"{READY}http://{config.listen.host}:{port}", flush=True)
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return 0 if len(got) == workers else 1

@@ -6,6 +6,8 @@ Everything here is called once per request (or per probe), never per streamed ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -125,11 +127,12 @@ class Metrics:
         if output_tokens:
             self._output.labels(*labels).inc(output_tokens)
 
-    def set_inflight(self, backend: str, value: int) -> None:
-        self._inflight.labels(backend).set(value)
-
-    def set_up(self, backend: str, up: bool) -> None:
-        self._up.labels(backend).set(1 if up else 0)
+    def watch_backend(
+        self, backend: str, inflight: Callable[[], float], up: Callable[[], float]
+    ) -> None:
+        """Read a backend's gauges from live state at scrape time (nothing per request)."""
+        self._inflight.labels(backend).set_function(inflight)
+        self._up.labels(backend).set_function(up)
 
     def failover(self, policy: str, backend: str) -> None:
         self._failovers.labels(policy, backend).inc()

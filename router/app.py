@@ -1,0 +1,205 @@
+"""The aiohttp application: routes, lifespan and the server runner."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from policies.base import Policy
+from policies.registry import PolicyConfigError, build_policy
+from policies.types import RequestClass
+from router.backends import BackendState, Pool
+from router.capture import CaptureWriter
+from router.config import ConfigError, RouterConfig
+from router.errors import RouterError, error_response
+from router.health import HealthMonitor
+from router.metrics import Metrics
+from router.proxy import handle
+from router.state import RouterState
+
+STATE = web.AppKey("state", RouterState)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_policies(config: RouterConfig, pool: Pool) -> dict[str, Policy]:
+    """Every named policy, built by the registry; raises ConfigError with all their errors."""
+    infos = [b.info() for b in pool.backends]
+    out: dict[str, Policy] = {}
+    errors: list[tuple[str, str]] = []
+    for spec in config.policies:
+        try:
+            out[spec.name] = build_policy(spec.name, spec.type, spec.params, infos)
+        except PolicyConfigError as exc:
+            errors.extend((f"policies.{spec.name}.{path}", msg) for path, msg in exc.errors)
+    if errors:
+        raise ConfigError(errors)
+    return out
+
+
+def build_app(config: RouterConfig, *, metrics: Metrics | None = None) -> web.Application:
+    """The router app for ``config`` (backend URLs must be resolved already)."""
+    pool = Pool(config.backends, config.aliases, config.health)
+    key_classes: dict[str, RequestClass | None] = {}
+    for key in config.api_keys:
+        value = os.environ.get(key.env)
+        if value:
+            key_classes[value] = key.request_class
+    state = RouterState(
+        config=config,
+        pool=pool,
+        policies=build_policies(config, pool),
+        metrics=metrics if metrics is not None else Metrics(),
+        key_classes=key_classes,
+    )
+    for b in pool.backends:
+        _watch(state.metrics, b)
+    # Bodies are size-checked by the handler so that the 413 is OpenAI-shaped.
+    app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=[_errors])
+    app[STATE] = state
+    app.cleanup_ctx.append(_lifespan)
+    _routes(app, state)
+    return app
+
+
+def _watch(metrics: Metrics, backend: BackendState) -> None:
+    def inflight() -> float:
+        return float(backend.inflight)
+
+    def up() -> float:
+        return 1.0 if backend.healthy else 0.0
+
+    metrics.watch_backend(backend.name, inflight, up)
+
+
+def _routes(app: web.Application, state: RouterState) -> None:
+    def proxied(endpoint: str) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await handle(request, state, endpoint)  # type: ignore[arg-type]
+
+        return handler
+
+    async def models(_: web.Request) -> web.Response:
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "switchyard"}
+            for m in state.pool.model_ids()
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def health(_: web.Request) -> web.Response:
+        return _json({"status": "ok"})
+
+    async def ready(_: web.Request) -> web.Response:
+        healthy = [b.name for b in state.pool.backends if b.healthy]
+        if not healthy:
+            return error_response(RouterError(503, "no healthy backend", code="not_ready"))
+        return _json({"status": "ready", "healthy": healthy})
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=state.metrics.render(), headers={"Content-Type": state.metrics.content_type}
+        )
+
+    async def backends(_: web.Request) -> web.Response:
+        return _json([b.describe() for b in state.pool.backends])
+
+    async def policies(_: web.Request) -> web.Response:
+        default = state.config.default_policy
+        return _json(
+            [
+                {"name": p.name, "type": p.type, "default": p.name == default}
+                for p in state.config.policies
+            ]
+        )
+
+    r = app.router
+    r.add_post("/v1/chat/completions", proxied("chat"))
+    r.add_post("/v1/completions", proxied("completions"))
+    r.add_post("/v1/embeddings", proxied("embeddings"))
+    r.add_get("/v1/models", models)
+    r.add_get("/health", health)
+    r.add_get("/ready", ready)
+    r.add_get("/metrics", metrics)
+    r.add_get("/switchyard/backends", backends)
+    r.add_get("/switchyard/policies", policies)
+
+
+def _json(doc: object) -> web.Response:
+    return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Unknown routes and wrong methods answer in OpenAI's error shape too."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(RouterError(404, f"no route {request.path}", code="not_found"))
+    except web.HTTPMethodNotAllowed:
+        message = f"method {request.method} not allowed on {request.path}"
+        return error_response(RouterError(405, message, code="method_not_allowed"))
+
+
+async def _lifespan(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    # limit=0: the router's own in-flight caps (max_inflight) bound the pool, not aiohttp.
+    connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+    # auto_decompress=False: the client gets the engine's bytes exactly as sent.
+    state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    writer = None
+    if state.config.capture is not None:
+        writer = CaptureWriter(state.config.capture, on_drop=state.metrics.capture_dropped)
+        await writer.start()
+        state.capture = writer
+    monitor = HealthMonitor(state.pool, state.session, state.config.health)
+    await monitor.start()
+    try:
+        yield
+    finally:
+        await monitor.aclose()
+        if writer is not None:
+            state.capture = None
+            await writer.aclose()
+        await state.session.close()
+        state.session = None
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A running router: its runner (for cleanup) and the URL it listens on."""
+
+    runner: web.AppRunner
+    url: str
+
+
+async def serve(app: web.Application, sock: socket.socket) -> Served:
+    """Start ``app`` on an already bound listening socket.
+
+    ``handler_cancellation``: a client disconnect cancels the handler, which closes the
+    upstream request at once and frees the engine's slot. aiohttp sets TCP_NODELAY on
+    every accepted and upstream socket (its base protocol does so on connection_made).
+    """
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.SockSite(runner, sock)
+    await site.start()
+    host, port = sock.getsockname()[:2]
+    return Served(runner, f"http://{host}:{port}")
+
+
+def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A bound, listening TCP socket (SO_REUSEPORT lets several workers share one port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock

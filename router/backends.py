@@ -1,0 +1,170 @@
+"""Live backend state (in-flight work, health, models, scraped load) and candidate snapshots."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from policies.registry import BackendInfo
+from policies.types import Candidate, EngineLoad, RequestInfo
+from router.config import BackendSpec, HealthSettings
+
+Clock = Callable[[], float]
+
+
+class BackendState:
+    """One backend as the router sees it. Mutated only from the event loop."""
+
+    def __init__(self, spec: BackendSpec, health: HealthSettings, clock: Clock) -> None:
+        self.spec = spec
+        self._health = health
+        self._clock = clock
+        self.api_key: str | None = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+        self.inflight = 0
+        self.outstanding_prompt = 0
+        self.outstanding_output = 0
+        self.probe_ok = True
+        self._probe_failures = 0
+        self._failures = 0
+        self._ejected_until = 0.0
+        self.discovered_models: tuple[str, ...] = ()
+        self.load: EngineLoad | None = None
+        self._load_at = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def healthy(self) -> bool:
+        """Probes pass and no passive ejection is in force."""
+        return self.probe_ok and self._clock() >= self._ejected_until
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Configured models, else those the backend's /v1/models listed."""
+        return self.spec.models or self.discovered_models
+
+    def start(self, req: RequestInfo) -> None:
+        self.inflight += 1
+        self.outstanding_prompt += req.prompt_tokens
+        self.outstanding_output += req.expected_output_tokens
+
+    def finish(self, req: RequestInfo) -> None:
+        self.inflight -= 1
+        self.outstanding_prompt -= req.prompt_tokens
+        self.outstanding_output -= req.expected_output_tokens
+
+    def request_ok(self) -> None:
+        self._failures = 0
+
+    def request_failed(self) -> None:
+        """A connect error, timeout or 5xx: eject after enough of them in a row."""
+        self._failures += 1
+        if self._failures >= self._health.failures_to_eject:
+            self._ejected_until = self._clock() + self._health.cooldown
+            self._failures = 0
+
+    def probe_result(self, ok: bool) -> None:
+        """Active probe: down after ``failures_to_eject`` misses, up again on one success."""
+        if ok:
+            self._probe_failures = 0
+            self.probe_ok = True
+            return
+        self._probe_failures += 1
+        if self._probe_failures >= self._health.failures_to_eject:
+            self.probe_ok = False
+
+    def set_load(self, load: EngineLoad) -> None:
+        self.load = load
+        self._load_at = self._clock()
+
+    def candidate(self) -> Candidate:
+        load = self.load
+        if load is not None:
+            age = self._clock() - self._load_at
+            load = replace(load, age_s=age, stale=age > self._health.scrape_stale_after)
+        return Candidate(
+            name=self.spec.name,
+            engine=self.spec.engine,
+            healthy=self.healthy,
+            inflight=self.inflight,
+            max_inflight=self.spec.max_inflight,
+            outstanding_prompt_tokens=self.outstanding_prompt,
+            outstanding_output_tokens=self.outstanding_output,
+            load=load,
+            priority_capable=self.spec.priority_capable,
+        )
+
+    def info(self) -> BackendInfo:
+        return BackendInfo(self.spec.name, self.spec.engine, self.spec.priority_capable)
+
+    def describe(self) -> dict[str, object]:
+        """The ``/switchyard/backends`` entry."""
+        load = self.load
+        return {
+            "name": self.spec.name,
+            "url": self.spec.url,
+            "engine": self.spec.engine,
+            "healthy": self.healthy,
+            "inflight": self.inflight,
+            "max_inflight": self.spec.max_inflight,
+            "outstanding_prompt_tokens": self.outstanding_prompt,
+            "outstanding_output_tokens": self.outstanding_output,
+            "models": list(self.models),
+            "priority_capable": self.spec.priority_capable,
+            "load": None
+            if load is None
+            else {
+                "waiting": load.waiting,
+                "running": load.running,
+                "kv_cache_usage": load.kv_cache_usage,
+            },
+        }
+
+
+class Pool:
+    """All backends plus model aliases: which backends can serve a model, under what name."""
+
+    def __init__(
+        self,
+        specs: Sequence[BackendSpec],
+        aliases: Mapping[str, Mapping[str, str]],
+        health: HealthSettings,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.backends = [BackendState(s, health, clock) for s in specs]
+        self.by_name = {b.name: b for b in self.backends}
+        self.aliases = aliases
+
+    def upstream_model(self, backend: BackendState, model: str) -> str | None:
+        """The model name ``backend`` knows client ``model`` by; None if it cannot serve it."""
+        alias = self.aliases.get(model)
+        if alias is not None:
+            return alias.get(backend.name)
+        served = backend.models
+        if not served or model in served:
+            return model
+        return None
+
+    def known_model(self, model: str) -> bool:
+        return any(self.upstream_model(b, model) is not None for b in self.backends)
+
+    def candidates(self, model: str) -> list[Candidate]:
+        """Healthy backends that can serve ``model``, as snapshots for a policy."""
+        return [
+            b.candidate()
+            for b in self.backends
+            if b.healthy and self.upstream_model(b, model) is not None
+        ]
+
+    def model_ids(self) -> list[str]:
+        """The union of every backend's models and the configured aliases, sorted."""
+        ids = {m for b in self.backends for m in b.models}
+        ids.update(self.aliases)
+        return sorted(ids)
+
+    def any_healthy(self) -> bool:
+        return any(b.healthy for b in self.backends)

@@ -1,0 +1,103 @@
+"""Emulator child processes for backends configured with ``emulator:`` instead of ``url``.
+
+Each starts as ``python -m emulator --port 0 ...`` on loopback; the URL it announces becomes
+the backend's URL. They live exactly as long as the router: stopped on shutdown, and (Linux)
+sent SIGTERM by the kernel should the router die without cleaning up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from router.config import BackendSpec, EmulatorSpec, RouterConfig
+
+READY_PREFIX = "emulator listening on "
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def emulator_argv(spec: EmulatorSpec, host: str) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "emulator",
+        "--profile",
+        spec.profile,
+        "--host",
+        host,
+        "--port",
+        "0",
+        "--time-scale",
+        str(spec.time_scale),
+        "--seed",
+        str(spec.seed),
+    ]
+    if spec.model:
+        argv += ["--model", spec.model]
+    return argv
+
+
+class Children:
+    """The emulators of one config; :meth:`start` resolves the backends' URLs."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, config: RouterConfig, timeout: float = 30.0) -> RouterConfig:
+        """Start every ``emulator:`` backend; the config with their URLs filled in."""
+        backends: list[BackendSpec] = []
+        for b in config.backends:
+            if b.emulator is None:
+                backends.append(b)
+                continue
+            url = self._spawn(emulator_argv(b.emulator, "127.0.0.1"), timeout)
+            backends.append(replace(b, url=url))
+        return replace(config, backends=tuple(backends))
+
+    def _spawn(self, argv: Sequence[str], timeout: float) -> str:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        buf = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0 and sel.select(left):
+                data = os.read(fd, 4096)
+                if not data:
+                    raise RuntimeError(f"emulator exited ({proc.wait()}) before it was ready")
+                buf += data
+                for line in buf.decode(errors="replace").splitlines():
+                    if line.startswith(READY_PREFIX):
+                        return line[len(READY_PREFIX) :].strip()
+        raise RuntimeError(f"emulator not ready after {timeout} s")
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every child, then SIGKILL whatever is still alive after ``grace``."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+        self.procs = []

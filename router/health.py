@@ -1,0 +1,104 @@
+"""Background probes: each backend's /health, its /v1/models and its engine /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import aiohttp
+import orjson
+
+from router.backends import BackendState, Pool
+from router.config import HealthSettings
+from router.engines import parse_load
+
+
+class HealthMonitor:
+    """Runs one probe loop per backend until :meth:`aclose`."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        session: aiohttp.ClientSession,
+        settings: HealthSettings,
+    ) -> None:
+        self._pool = pool
+        self._session = session
+        self._settings = settings
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Probe every backend once (so /ready is right from the start), then keep probing."""
+        await asyncio.gather(
+            *(self._round(b, models=True, scrape=True) for b in self._pool.backends)
+        )
+        self._tasks = [asyncio.create_task(self._loop(b)) for b in self._pool.backends]
+
+    async def aclose(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+
+    async def _loop(self, backend: BackendState) -> None:
+        s = self._settings
+        now = time.monotonic()
+        next_probe = now + s.interval
+        next_models = now + s.models_refresh
+        next_scrape = now + s.scrape_interval
+        while True:
+            wake = min(next_probe, next_models, next_scrape if s.scrape_metrics else next_probe)
+            await asyncio.sleep(max(0.0, wake - time.monotonic()))
+            now = time.monotonic()
+            probe, models = now >= next_probe, now >= next_models
+            scrape = s.scrape_metrics and now >= next_scrape
+            if probe:
+                next_probe = now + s.interval
+            if models:
+                next_models = now + s.models_refresh
+            if scrape:
+                next_scrape = now + s.scrape_interval
+            await self._round(backend, models=models, scrape=scrape, probe=probe)
+
+    async def _round(
+        self, backend: BackendState, *, models: bool, scrape: bool, probe: bool = True
+    ) -> None:
+        if probe:
+            ok = await self._get(backend, "/health") is not None
+            backend.probe_result(ok)
+        if models and not backend.spec.models:
+            body = await self._get(backend, "/v1/models")
+            if body is not None:
+                backend.discovered_models = _model_ids(body)
+        if scrape and self._settings.scrape_metrics:
+            body = await self._get(backend, "/metrics")
+            if body is not None:
+                backend.set_load(parse_load(body.decode(errors="replace"), backend.spec.engine))
+
+    async def _get(self, backend: BackendState, path: str) -> bytes | None:
+        """The body of a 200 answer, or None on any failure (the probe's verdict)."""
+        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+        timeout = aiohttp.ClientTimeout(total=self._settings.timeout)
+        try:
+            async with self._session.get(
+                backend.spec.url + path, headers=headers, timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None
+
+
+def _model_ids(body: bytes) -> tuple[str, ...]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ()
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return ()
+    return tuple(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))

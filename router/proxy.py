@@ -1,0 +1,306 @@
+"""The request handler: classify -> choose -> connect with failover -> stream -> record.
+
+Per streamed chunk the hot path is: read what arrived, let the meter scan it, write the same
+bytes object to the client. Nothing is logged or re-encoded per chunk. Bookkeeping (metrics,
+policy feedback, capture) runs synchronously in ``finally`` so a client disconnect, which
+cancels the handler, cannot skip it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from common.sse import StreamMeter
+from policies.base import Policy
+from policies.types import Endpoint, Outcome, RequestClass, RequestInfo
+from router.body import upstream_body
+from router.capture import CaptureEntry
+from router.classify import Parsed, classify, parse_body
+from router.errors import RouterError, error_response, sse_error_event
+from router.state import RouterState
+from router.upstream import Opened, Target, UpstreamFailed, downstream_headers, open_upstream
+
+PATHS: dict[Endpoint, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
+
+
+@dataclass(slots=True)
+class _Record:
+    """What the bookkeeping needs, filled in as the request progresses."""
+
+    request_id: str
+    arrival: float
+    arrival_wall: float
+    policy: str
+    body: bytes = b""
+    info: RequestInfo | None = None
+    backend: str | None = None
+    failovers: int = 0
+    status: int = 500
+    meter: StreamMeter | None = None
+    end: float | None = None
+    error: dict[str, object] | None = field(default=None)
+
+
+async def handle(
+    request: web.Request, state: RouterState, endpoint: Endpoint
+) -> web.StreamResponse:
+    """Serve one OpenAI request end to end."""
+    now = time.monotonic()
+    rid = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex}"
+    rec = _Record(rid, now, time.time(), state.config.default_policy)
+    extra = {"X-Request-Id": rid, "X-Switchyard-Policy": rec.policy}
+    opened: Opened | None = None
+    try:
+        key_class = _authenticate(request, state)
+        policy = _policy(request, state)
+        rec.policy = extra["X-Switchyard-Policy"] = policy.name
+        rec.body = await _read_body(request, state.config.listen.max_body_bytes)
+        parsed = classify(
+            parse_body(rec.body, endpoint),
+            endpoint,
+            request_id=rid,
+            header_class=request.headers.get("X-Request-Class"),
+            key_class=key_class,
+            session_key=request.headers.get("X-Session-Id"),
+            settings=state.config.classification,
+        )
+        rec.info = info = parsed.info
+        extra["X-Switchyard-Class"] = info.request_class
+        targets = _plan(state, policy, parsed, rec.body, endpoint)
+        opened = await open_upstream(
+            state.client,
+            targets,
+            req=info,
+            headers=request.headers,
+            timeouts=state.config.timeouts_for(info.request_class),
+            failover=state.config.failover,
+            on_failover=lambda name: state.metrics.failover(policy.name, name),
+        )
+        rec.backend = extra["X-Switchyard-Backend"] = opened.target.backend.name
+        rec.failovers = opened.failovers
+        strip = info.stream and not parsed.include_usage and endpoint != "embeddings"
+        return await _relay(request, state, opened, extra, rec, strip)
+    except RouterError as exc:
+        rec.status = exc.status
+        rec.error = {"message": exc.message, "code": exc.code}
+        return error_response(exc, extra)
+    except UpstreamFailed as exc:
+        rec.failovers = exc.failovers
+        rec.backend = extra["X-Switchyard-Backend"] = exc.last.backend
+        return _failed(exc, extra, rec)
+    except asyncio.CancelledError:
+        rec.status = CLIENT_CLOSED  # handler_cancellation: the client went away
+        raise
+    finally:
+        if opened is not None and rec.info is not None:
+            opened.response.close()  # frees the engine slot at once if still streaming
+            opened.target.backend.finish(rec.info)
+        _bookkeeping(request, state, rec)
+
+
+def _authenticate(request: web.Request, state: RouterState) -> RequestClass | None:
+    """The API key's class; 401 when keys are required and this one is unknown."""
+    if not state.key_classes:
+        return None
+    auth = request.headers.get("Authorization", "")
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if key in state.key_classes:
+        return state.key_classes[key]
+    if state.config.require_api_key:
+        raise RouterError(401, "invalid or missing API key", code="invalid_api_key")
+    return None
+
+
+def _policy(request: web.Request, state: RouterState) -> Policy:
+    name = request.headers.get("X-Switchyard-Policy")
+    if name is None or not state.config.honor_policy_header:
+        return state.policies[state.config.default_policy]
+    policy = state.policies.get(name.strip())
+    if policy is None:
+        known = ", ".join(state.policies)
+        raise RouterError(400, f"unknown policy '{name}' (known: {known})", "X-Switchyard-Policy")
+    return policy
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise RouterError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise RouterError(
+            413, f"request body exceeds {limit} bytes", code="request_too_large"
+        ) from None
+
+
+def _plan(
+    state: RouterState, policy: Policy, parsed: Parsed, raw: bytes, endpoint: Endpoint
+) -> list[Target]:
+    """The policy's ranked backends as concrete attempts (saturated backends skipped)."""
+    info, pool = parsed.info, state.pool
+    if not pool.known_model(info.model):
+        raise RouterError(404, f"model '{info.model}' does not exist", "model", "model_not_found")
+    candidates = pool.candidates(info.model)
+    if not candidates:
+        raise RouterError(503, "no healthy backend serves this model", code="no_backend")
+    t0 = time.perf_counter()
+    decision = policy.choose(info, candidates)
+    state.metrics.decision(policy.name, time.perf_counter() - t0)
+    add_usage = info.stream and not parsed.include_usage and endpoint != "embeddings"
+    targets: list[Target] = []
+    saturated = False
+    for name in decision.ranked:
+        backend = pool.by_name[name]
+        model = pool.upstream_model(backend, info.model)
+        if model is None:
+            continue
+        if backend.spec.max_inflight is not None and backend.inflight >= backend.spec.max_inflight:
+            saturated = True
+            continue
+        body = upstream_body(
+            raw, parsed.doc, model=model, priority=decision.priority, add_usage=add_usage
+        )
+        targets.append(Target(backend, backend.spec.url + PATHS[endpoint], body))
+    if not targets:
+        if saturated:
+            raise RouterError(429, "every eligible backend is at its in-flight limit")
+        raise RouterError(503, f"policy '{policy.name}' found no backend", code="no_backend")
+    return targets
+
+
+async def _relay(
+    request: web.Request,
+    state: RouterState,
+    opened: Opened,
+    extra: dict[str, str],
+    rec: _Record,
+    strip_usage: bool,
+) -> web.StreamResponse:
+    """Pass the upstream's answer through: whole if JSON, chunk by chunk if SSE."""
+    upstream = opened.response
+    headers = downstream_headers(upstream.headers, extra)
+    rec.status = upstream.status
+    if not upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+        body = await upstream.read()
+        rec.end = time.monotonic()
+        rec.meter = StreamMeter(rec.arrival)
+        rec.meter.feed_body(body, rec.end)
+        return web.Response(status=upstream.status, body=body, headers=headers)
+    out = web.StreamResponse(status=upstream.status, headers=headers)
+    await out.prepare(request)
+    meter = rec.meter = StreamMeter(rec.arrival, strip_usage=strip_usage)
+    content = upstream.content
+    broken: str | None = None
+    try:
+        while True:
+            try:
+                data = await content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                broken = f"upstream stream broke: {exc.__class__.__name__}"
+                break
+            if not data:
+                break
+            chunk = meter.feed(data, time.monotonic())
+            if chunk:
+                await out.write(chunk)
+        rec.end = time.monotonic()
+        if broken is not None or not meter.done:
+            # Bytes already reached the client, so no retry: end its stream with an error.
+            message = broken or "upstream stream ended before [DONE]"
+            rec.error = {"message": message, "code": "upstream_error"}
+            state.metrics.stream_aborted(rec.policy, extra["X-Switchyard-Backend"], _cls(rec))
+            await out.write(sse_error_event(message))
+        await out.write_eof()
+    except ConnectionResetError:
+        rec.status = CLIENT_CLOSED
+    return out
+
+
+def _failed(exc: UpstreamFailed, extra: dict[str, str], rec: _Record) -> web.Response:
+    """Every attempt failed: pass the last answer through, or say 502/504."""
+    last = exc.last
+    rec.end = time.monotonic()
+    if last.status is not None:
+        rec.status = last.status
+        rec.error = {"message": last.message, "code": "upstream_error"}
+        return web.Response(
+            status=last.status,
+            body=last.body or b"",
+            headers={**extra, "Content-Type": last.content_type or "application/json"},
+        )
+    status = 504 if last.timeout else 502
+    code = "upstream_timeout" if last.timeout else "upstream_unreachable"
+    err = RouterError(status, last.message, code=code)
+    rec.status = status
+    rec.error = {"message": last.message, "code": code}
+    return error_response(err, extra)
+
+
+def _cls(rec: _Record) -> str:
+    return rec.info.request_class if rec.info is not None else "unknown"
+
+
+def _bookkeeping(request: web.Request, state: RouterState, rec: _Record) -> None:
+    """Metrics, policy feedback and capture for a finished request (synchronous)."""
+    end = rec.end if rec.end is not None else time.monotonic()
+    fig = rec.meter.figures(end) if rec.meter is not None else None
+    e2e = end - rec.arrival
+    ttft = fig.ttft if fig is not None else None
+    tpot = fig.tpot if fig is not None else None
+    prompt = fig.prompt_tokens if fig is not None else None
+    output = fig.completion_tokens if fig is not None else None
+    backend = rec.backend or "none"
+    state.metrics.request_done(
+        rec.policy,
+        backend,
+        _cls(rec),
+        rec.status,
+        ttft=ttft,
+        tpot=tpot,
+        e2e=e2e,
+        prompt_tokens=prompt,
+        output_tokens=output,
+    )
+    info = rec.info
+    if info is None:
+        return
+    ok = 200 <= rec.status < 300 and rec.error is None
+    if rec.backend is not None:
+        outcome = Outcome(rec.status, ok, prompt or 0, output or 0, ttft, e2e, tpot)
+        state.policies[rec.policy].on_finish(info, rec.backend, outcome)
+    if state.capture is not None:
+        error = rec.error if rec.error is not None else (fig.error if fig is not None else None)
+        state.capture.record(
+            CaptureEntry(
+                request_id=rec.request_id,
+                url=request.path,
+                body=rec.body,
+                headers=request.headers,
+                arrival=rec.arrival,
+                arrival_wall=rec.arrival_wall,
+                policy=rec.policy,
+                request_class=info.request_class,
+                backend=rec.backend,
+                failovers=rec.failovers,
+                status=rec.status,
+                stream=info.stream,
+                finish_reason=fig.finish_reason if fig is not None else None,
+                prompt_tokens=prompt,
+                completion_tokens=output,
+                error=error,
+                ttft_s=ttft,
+                tpot_s=tpot,
+                e2e_s=e2e,
+            )
+        )

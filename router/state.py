@@ -1,0 +1,37 @@
+"""The live objects one router process works with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+
+from policies.base import Policy
+from policies.types import RequestClass
+from router.backends import Pool
+from router.capture import CaptureWriter
+from router.config import RouterConfig
+from router.metrics import Metrics
+
+
+@dataclass(slots=True)
+class RouterState:
+    """Everything a request handler needs; one per app, never module-level.
+
+    ``session`` and ``capture`` exist only between the app's startup and cleanup phases.
+    """
+
+    config: RouterConfig
+    pool: Pool
+    policies: dict[str, Policy]
+    metrics: Metrics
+    key_classes: dict[str, RequestClass | None]
+    """Client API key value -> its configured class (from api_keys)."""
+    session: aiohttp.ClientSession | None = None
+    capture: CaptureWriter | None = None
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            raise RuntimeError("the router app has not been started")
+        return self.session
