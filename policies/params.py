@@ -93,6 +93,16 @@ class Params:
             return default
         return float(value)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A boolean."""
+        value = self.raw_value(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.error(key, f"expected true or false, got {type_name(value)}")
+            return default
+        return value
+
     def integer(self, key: str, default: int, *, low: int = 0) -> int:
         """A whole number >= ``low``."""
         value = self.raw_value(key)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar, cast
 
-from policies import filters, pickers, scorers
+from policies import adaptive, filters, pickers, scorers
 from policies.base import Filter, Picker, Policy, Scorer
 from policies.params import BuildContext, ErrorList, Params, class_orders, join_path, type_name
 from policies.pipeline import PipelinePolicy
@@ -120,6 +120,8 @@ SCORERS: Mapping[str, PluginFactory[Scorer]] = MappingProxyType(
         "queue-depth": scorers.make_queue_depth,
         "kv-cache": scorers.make_kv_cache,
         "class-affinity": scorers.make_class_affinity,
+        "predicted-ttft": scorers.make_predicted_ttft,
+        "session-affinity": scorers.make_session_affinity,
     }
 )
 PICKERS: Mapping[str, PluginFactory[Picker]] = MappingProxyType(
@@ -227,6 +229,7 @@ POLICY_TYPES: Mapping[str, PolicyFactory] = MappingProxyType(
         "least-outstanding": _least_outstanding,
         "pinned": _pinned,
         "pipeline": _pipeline,
+        "adaptive": adaptive.make_adaptive,
     }
 )
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from policies.affinity import affinity_key, home
 from policies.base import Scorer
 from policies.params import BuildContext, Params, class_orders
+from policies.predictor import TtftPredictor, queued_prefill_tokens, read_predictor
 from policies.signals import (
     inflight,
     lower_is_better,
@@ -14,7 +16,7 @@ from policies.signals import (
     outstanding_tokens,
     queue_depths,
 )
-from policies.types import Candidate, RequestClass, RequestInfo
+from policies.types import Candidate, Outcome, RequestClass, RequestInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,66 @@ class ClassAffinityScorer:
     def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:
         table = self.tiers.get(req.request_class, {})
         return {c.name: table.get(c.name, 0.0) for c in candidates}
+
+
+@dataclass(frozen=True, slots=True)
+class PredictedTtftScorer:
+    """Shorter predicted TTFT is better: ``target / (target + predicted)``.
+
+    A learner: it notes its queue estimates per request and learns each backend's prefill
+    rate from the outcomes (see ``predictor.py``).
+    """
+
+    predictor: TtftPredictor
+    target_s: float
+    typical_prompt: float = 1000.0
+
+    def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:
+        ahead = {c.name: queued_prefill_tokens(c, self.typical_prompt) for c in candidates}
+        self.predictor.note(req, ahead)
+        return {
+            c.name: self.target_s
+            / (self.target_s + self.predictor.predict(c.name, ahead[c.name], req.prompt_tokens))
+            for c in candidates
+        }
+
+    def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        self.predictor.observe(req, backend, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionAffinityScorer:
+    """1 for the key's home replica in each engine pool (bounded load), else 0.
+
+    Requests without a session key or prefix hash get no preference (all 0).
+    """
+
+    load_bound: float
+
+    def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:
+        scores = dict.fromkeys((c.name for c in candidates), 0.0)
+        key = affinity_key(req)
+        if key is not None:
+            for engine in {c.engine for c in candidates}:
+                target = home(key, [c for c in candidates if c.engine == engine], self.load_bound)
+                if target is not None:
+                    scores[target] = 1.0
+        return scores
+
+
+def make_predicted_ttft(p: Params, ctx: BuildContext) -> Scorer:
+    """``predicted-ttft``: ``target_s`` (default 1.0), ``prefill_rate_prior``, ``learning_rate``."""
+    target = p.number("target_s", 1.0, low=0.001)
+    predictor = read_predictor(p, ctx)
+    p.done()
+    return PredictedTtftScorer(predictor, target)
+
+
+def make_session_affinity(p: Params, ctx: BuildContext) -> Scorer:
+    """``session-affinity``: ``load_bound`` (>= 1, default 1.25)."""
+    bound = p.number("load_bound", 1.25, low=1.0)
+    p.done()
+    return SessionAffinityScorer(bound)
 
 
 def make_least_requests(p: Params, ctx: BuildContext) -> Scorer:

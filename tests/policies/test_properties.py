@@ -35,6 +35,17 @@ CONFIGS: tuple[tuple[str, Mapping[str, object], bool], ...] = (
         },
         False,
     ),
+    ("adaptive", {"low_ttft": ["vllm"], "high_throughput": ["deepinfer"]}, True),
+    (
+        "adaptive",
+        {"low_ttft": ["vllm"], "high_throughput": ["deepinfer"], "spill": {"max_inflight": 1}},
+        True,
+    ),
+    (
+        "pipeline",
+        {"scorers": [{"type": "predicted-ttft"}, {"type": "session-affinity", "weight": 0.3}]},
+        True,
+    ),
 )
 
 

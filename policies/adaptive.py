@@ -1,0 +1,341 @@
+"""The ``adaptive`` policy: class-aware, load- and SLO-aware routing between engine pools.
+
+* Interactive requests go to the low-TTFT pool, unless its best predicted TTFT is over the
+  interactive SLO and the high-throughput pool predicts better; then that pool comes first.
+* Batch requests go to the high-throughput pool, and spill onto a low-TTFT replica only
+  while (a) work is queued on the high-throughput pool (over ``min_queue_s`` of predicted
+  wait) and the batch would start sooner on the replica, (b) an interactive request arriving
+  next would still be predicted under ``headroom`` x its TTFT SLO, and (c) the replica holds
+  fewer spilled batch requests than the spill limit. The limit adapts to the interactive SLO
+  attainment seen on the low-TTFT pool (see :class:`SpillGovernor`). Spilled requests on
+  priority-capable replicas carry ``Decision.priority`` (a low priority) so the engine
+  schedules interactive work first; their prefill then delays an interactive request by at
+  most one prefill budget instead of a whole prompt.
+* Inside a pool: the session/prefix home (bounded-load rendezvous hashing), then shortest
+  predicted TTFT. The ranking always holds every healthy candidate (pools in preference
+  order, then any backend of another engine kind); no healthy candidate: empty ranking.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from policies.affinity import affinity_key, home
+from policies.params import BuildContext, Params
+from policies.predictor import TtftPredictor, queued_prefill_tokens, read_predictor
+from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo
+
+# How fast the typical interactive prompt size (used for the headroom check) follows traffic.
+_PROMPT_ALPHA = 0.1
+# Additive increase of the spill limit per interactive request that met its SLO: four such
+# requests re-open one spill slot; a breach of the attainment target halves the limit.
+_LIMIT_STEP = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Per-class targets: time to first token and time per output token, in seconds."""
+
+    ttft_s: float
+    tpot_s: float
+
+    def met(self, outcome: Outcome) -> bool:
+        """A failed request, or one over either target, misses."""
+        if not outcome.ok or outcome.ttft_s is None or outcome.ttft_s > self.ttft_s:
+            return False
+        return outcome.tpot_s is None or outcome.tpot_s <= self.tpot_s
+
+
+@dataclass(frozen=True, slots=True)
+class SpillSettings:
+    """How much batch work may borrow the low-TTFT pool (see the module docstring)."""
+
+    enabled: bool = True
+    headroom: float = 0.5
+    max_inflight: int = 4
+    min_queue_s: float = 0.0
+    min_attainment: float = 0.95
+    window: int = 50
+    priority: int = 10
+    priority_prefill_tokens: int = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveSettings:
+    """Validated ``adaptive`` params."""
+
+    slo: dict[RequestClass, Slo]
+    low_ttft: frozenset[str]
+    high_throughput: frozenset[str]
+    spill: SpillSettings
+    load_bound: float = 1.25
+    typical_prompt_tokens: float = 1000.0
+
+
+@dataclass(slots=True)
+class SpillGovernor:
+    """AIMD on the per-replica spill limit, driven by interactive SLO attainment.
+
+    Over the last ``window`` interactive outcomes on the low-TTFT pool: while attainment is
+    at or above the target each met SLO raises the limit a little (up to ``max_inflight``);
+    a miss while attainment is below the target halves it, at most once per ``window // 4``
+    outcomes so one burst of misses does not drive it straight to zero.
+    """
+
+    settings: SpillSettings
+    limit: float = field(init=False)
+    _outcomes: deque[bool] = field(init=False)
+    _since_cut: int = 0
+
+    def __post_init__(self) -> None:
+        self.limit = float(self.settings.max_inflight)
+        self._outcomes = deque(maxlen=self.settings.window)
+
+    @property
+    def attainment(self) -> float:
+        """Fraction of the recent interactive outcomes that met the SLO (1.0 when none)."""
+        return sum(self._outcomes) / len(self._outcomes) if self._outcomes else 1.0
+
+    @property
+    def allowed(self) -> int:
+        """Spilled batch requests each low-TTFT replica may hold now."""
+        return int(self.limit)
+
+    def record(self, met: bool) -> None:
+        """Feed one interactive outcome observed on the low-TTFT pool."""
+        self._outcomes.append(met)
+        self._since_cut += 1
+        below = self.attainment < self.settings.min_attainment
+        if not met and below and self._since_cut >= max(1, self.settings.window // 4):
+            self.limit /= 2
+            self._since_cut = 0
+        elif met and not below:
+            self.limit = min(float(self.settings.max_inflight), self.limit + _LIMIT_STEP)
+
+
+@dataclass(slots=True)
+class AdaptivePolicy:
+    """See the module docstring. ``choose`` is synchronous and does no I/O."""
+
+    name: str
+    settings: AdaptiveSettings
+    predictor: TtftPredictor
+    engines: dict[str, str]
+    """Backend name -> engine kind, for outcomes of backends not in the last snapshot."""
+    type: str = "adaptive"
+    governor: SpillGovernor = field(init=False)
+    typical_prompt: float = field(init=False)
+    _spilled: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
+    _spilled_count: dict[str, int] = field(default_factory=dict)
+    _spilled_tokens: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.governor = SpillGovernor(self.settings.spill)
+        self.typical_prompt = self.settings.typical_prompt_tokens
+
+    # -- choose ---------------------------------------------------------------------------
+
+    def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
+        """Rank the healthy candidates for ``req``."""
+        healthy = [c for c in candidates if c.healthy]
+        ahead = {c.name: queued_prefill_tokens(c, self.typical_prompt) for c in healthy}
+        self.predictor.note(req, ahead)
+        predicted = {
+            c.name: self.predictor.predict(c.name, ahead[c.name], req.prompt_tokens)
+            for c in healthy
+        }
+        key = affinity_key(req)
+        low = self._order(
+            [c for c in healthy if c.engine in self.settings.low_ttft], predicted, key
+        )
+        high = self._order(
+            [c for c in healthy if c.engine in self.settings.high_throughput], predicted, key
+        )
+        pooled = self.settings.low_ttft | self.settings.high_throughput
+        rest = self._order([c for c in healthy if c.engine not in pooled], predicted, key)
+        if req.request_class == "interactive":
+            ranked = self._interactive(req, low, high, ahead) + rest
+            return Decision(tuple(c.name for c in ranked), scores=predicted)
+        target = self._spill_target(req, low, high, ahead, predicted)
+        if target is None:
+            ranked = high + low + rest
+            return Decision(tuple(c.name for c in ranked), scores=predicted)
+        self._note_spill(req, target.name)
+        ranked = [target] + high + [c for c in low if c is not target] + rest
+        priority = self.settings.spill.priority if target.priority_capable else None
+        return Decision(tuple(c.name for c in ranked), priority=priority, scores=predicted)
+
+    def _order(
+        self, pool: list[Candidate], predicted: dict[str, float], key: bytes | None
+    ) -> list[Candidate]:
+        """Shortest predicted TTFT first, with the affinity home (if any) ahead of all."""
+        pool.sort(key=lambda c: predicted[c.name])
+        if key is not None and len(pool) > 1:
+            target = home(key, pool, self.settings.load_bound)
+            pool.sort(key=lambda c: c.name != target)
+        return pool
+
+    def _interactive_ahead(self, c: Candidate, ahead: dict[str, float]) -> float:
+        """Prefill tokens an interactive request would wait behind on ``c``.
+
+        On a priority-capable replica it jumps the spilled (low-priority) batch prompts, but
+        may still wait for one prefill budget's worth of them already in progress.
+        """
+        spilled = self._spilled_tokens.get(c.name, 0)
+        if not c.priority_capable or not spilled:
+            return ahead[c.name]
+        budget = self.settings.spill.priority_prefill_tokens
+        return max(0.0, ahead[c.name] - spilled) + min(spilled, budget)
+
+    def _interactive(
+        self,
+        req: RequestInfo,
+        low: list[Candidate],
+        high: list[Candidate],
+        ahead: dict[str, float],
+    ) -> list[Candidate]:
+        if not low or not high:
+            return low + high
+        best_low = min(
+            self.predictor.predict(c.name, self._interactive_ahead(c, ahead), req.prompt_tokens)
+            for c in low
+        )
+        best_high = min(
+            self.predictor.predict(c.name, ahead[c.name], req.prompt_tokens) for c in high
+        )
+        if best_low > self.settings.slo["interactive"].ttft_s and best_high < best_low:
+            return high + low
+        return low + high
+
+    def _spill_target(
+        self,
+        req: RequestInfo,
+        low: list[Candidate],
+        high: list[Candidate],
+        ahead: dict[str, float],
+        predicted: dict[str, float],
+    ) -> Candidate | None:
+        """The low-TTFT replica that takes this batch request, if spilling is allowed."""
+        spill = self.settings.spill
+        if not low:
+            return None
+        if not high:
+            return low[0]  # nothing else can serve it; still mark it low priority
+        if not spill.enabled:
+            return None
+        soonest = min(high, key=lambda c: predicted[c.name])
+        best_high = predicted[soonest.name]
+        queue_s = ahead[soonest.name] / self.predictor.rate(soonest.name)
+        if queue_s <= spill.min_queue_s:
+            return None  # the high-throughput pool can start it now: no reason to borrow
+        slo_ttft = self.settings.slo["interactive"].ttft_s
+        for c in low:
+            if c.saturated or self._spilled_count.get(c.name, 0) >= self.governor.allowed:
+                continue
+            if predicted[c.name] >= best_high:
+                continue
+            own = (
+                min(req.prompt_tokens, spill.priority_prefill_tokens)
+                if c.priority_capable
+                else req.prompt_tokens
+            )
+            next_interactive = self.predictor.predict(
+                c.name, self._interactive_ahead(c, ahead) + own, round(self.typical_prompt)
+            )
+            if next_interactive <= spill.headroom * slo_ttft:
+                return c
+        return None
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def _note_spill(self, req: RequestInfo, backend: str) -> None:
+        self._spilled[req.request_id] = (backend, req.prompt_tokens)
+        self._spilled_count[backend] = self._spilled_count.get(backend, 0) + 1
+        self._spilled_tokens[backend] = self._spilled_tokens.get(backend, 0) + req.prompt_tokens
+        # Lost feedback must not grow memory nor pin spill slots forever.
+        while len(self._spilled) > self.predictor.pending_limit:
+            self._forget_spill(next(iter(self._spilled)))
+
+    def _forget_spill(self, request_id: str) -> None:
+        backend, tokens = self._spilled.pop(request_id)
+        self._spilled_count[backend] -= 1
+        self._spilled_tokens[backend] -= tokens
+
+    def spilled(self, backend: str) -> int:
+        """Spilled batch requests currently open on ``backend`` (for debugging endpoints)."""
+        return self._spilled_count.get(backend, 0)
+
+    def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        """Learn prefill rates, release spill slots, and track interactive attainment."""
+        self.predictor.observe(req, backend, outcome)
+        if req.request_id in self._spilled:
+            self._forget_spill(req.request_id)
+        if req.request_class != "interactive":
+            return
+        if req.prompt_tokens:
+            self.typical_prompt += _PROMPT_ALPHA * (req.prompt_tokens - self.typical_prompt)
+        if self.engines.get(backend) in self.settings.low_ttft:
+            self.governor.record(self.settings.slo["interactive"].met(outcome))
+
+
+_DEFAULT_SLO: tuple[tuple[RequestClass, Slo], ...] = (
+    ("interactive", Slo(ttft_s=1.0, tpot_s=0.1)),
+    ("batch", Slo(ttft_s=60.0, tpot_s=1.0)),
+)
+
+
+def _engine_kinds(p: Params, ctx: BuildContext, key: str) -> frozenset[str]:
+    kinds = p.string_list(key, required=True, non_empty=True) or []
+    for i, kind in enumerate(kinds):
+        if kind not in ctx.engines:
+            p.error(f"{key}[{i}]", f"unknown engine {kind!r} (known: {', '.join(ctx.engines)})")
+    return frozenset(kinds)
+
+
+def _spill(p: Params) -> SpillSettings:
+    d = SpillSettings()
+    s = SpillSettings(
+        enabled=p.flag("enabled", d.enabled),
+        headroom=p.number("headroom", d.headroom, low=0.0, high=1.0),
+        max_inflight=p.integer("max_inflight", d.max_inflight),
+        min_queue_s=p.number("min_queue_s", d.min_queue_s, low=0.0),
+        min_attainment=p.number("min_attainment", d.min_attainment, low=0.0, high=1.0),
+        window=p.integer("window", d.window, low=1),
+        priority=p.integer("priority", d.priority),
+        priority_prefill_tokens=p.integer(
+            "priority_prefill_tokens", d.priority_prefill_tokens, low=1
+        ),
+    )
+    p.done()
+    return s
+
+
+def make_adaptive(name: str, p: Params, ctx: BuildContext) -> AdaptivePolicy:
+    """Build ``adaptive`` from its params (documented in the README's policy guide)."""
+    slo_params = p.child("slo")
+    slo: dict[RequestClass, Slo] = {}
+    for cls, default in _DEFAULT_SLO:
+        c = slo_params.child(cls)
+        slo[cls] = Slo(
+            ttft_s=c.number("ttft_s", default.ttft_s, low=0.001),
+            tpot_s=c.number("tpot_s", default.tpot_s, low=0.0001),
+        )
+        c.done()
+    slo_params.done()
+    low = _engine_kinds(p, ctx, "low_ttft")
+    high = _engine_kinds(p, ctx, "high_throughput")
+    for kind in sorted(low & high):
+        p.error("high_throughput", f"{kind!r} is also listed in low_ttft")
+    settings = AdaptiveSettings(
+        slo=slo,
+        low_ttft=low,
+        high_throughput=high,
+        spill=_spill(p.child("spill")),
+        load_bound=p.number("load_bound", 1.25, low=1.0),
+        typical_prompt_tokens=p.number("typical_prompt_tokens", 1000.0, low=1.0),
+    )
+    predictor = read_predictor(p, ctx)
+    p.done()
+    return AdaptivePolicy(name, settings, predictor, {b.name: b.engine for b in ctx.backends})

@@ -1,0 +1,128 @@
+"""The online TTFT predictor: predicted TTFT = prefill tokens ahead / learned prefill rate.
+
+Per backend, the prefill rate (tokens/s) is the ratio of two exponentially weighted sums over
+finished requests: tokens that had to be prefilled before the first token (the queue ahead,
+as estimated at decision time, plus the request's own prompt) and the TTFT observed. The
+ratio weights big prompts more than a mean of per-request rates would, so small requests
+dominated by fixed overheads do not drag the estimate down. Until requests have been seen,
+a configured prior carries the whole weight; it decays away as observations arrive.
+
+Learning uses the same queue estimate the prediction uses, so a systematic bias in that
+estimate (e.g. counting prompts already prefilled) is absorbed into the learned rate.
+No clock is involved: the weights decay per observation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from policies.params import BuildContext, Params
+from policies.types import Candidate, Outcome, RequestInfo
+
+
+def queued_prefill_tokens(c: Candidate, typical_prompt: float) -> float:
+    """Prompt tokens waiting for prefill on ``c`` (before a new request would start).
+
+    With a fresh scrape the engine's waiting count is trusted, sized by the router's mean
+    open prompt (or ``typical_prompt`` when the router has none open there). Otherwise every
+    open prompt the router knows of counts: an upper bound.
+    """
+    load = c.load
+    if load is not None and not load.stale and load.waiting is not None:
+        mean = c.outstanding_prompt_tokens / c.inflight if c.inflight else typical_prompt
+        return load.waiting * mean
+    return float(c.outstanding_prompt_tokens)
+
+
+@dataclass(slots=True)
+class _Rate:
+    tokens: float
+    seconds: float
+
+    @property
+    def per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+# The prior counts as much as one observed tenth of a second of prefill: enough to steer the
+# first decisions, little enough that a few real observations outweigh it.
+PRIOR_SECONDS = 0.1
+DEFAULT_PRIOR = 10_000.0
+
+
+@dataclass(slots=True)
+class TtftPredictor:
+    """Learns each backend's prefill rate from outcomes and predicts TTFT.
+
+    ``priors`` maps each backend name to its prior rate (tokens/s); a backend first seen
+    later starts from ``default_prior``. ``alpha`` is the weight
+    of each new observation. ``pending_limit`` bounds the per-request memory kept between
+    ``note`` and ``observe`` (oldest dropped first), so lost feedback cannot grow it.
+    """
+
+    priors: Mapping[str, float]
+    default_prior: float = DEFAULT_PRIOR
+    alpha: float = 0.1
+    pending_limit: int = 10_000
+    _rates: dict[str, _Rate] = field(init=False)
+    _pending: OrderedDict[str, dict[str, float]] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        self._rates = {
+            name: _Rate(prior * PRIOR_SECONDS, PRIOR_SECONDS) for name, prior in self.priors.items()
+        }
+
+    def _rate(self, backend: str) -> _Rate:
+        rate = self._rates.get(backend)
+        if rate is None:
+            rate = self._rates[backend] = _Rate(self.default_prior * PRIOR_SECONDS, PRIOR_SECONDS)
+        return rate
+
+    def rate(self, backend: str) -> float:
+        """The current prefill-rate estimate for ``backend`` (tokens/s)."""
+        return self._rate(backend).per_s
+
+    def predict(self, backend: str, ahead_tokens: float, prompt_tokens: int) -> float:
+        """Seconds to first token for ``prompt_tokens`` behind ``ahead_tokens``."""
+        return (ahead_tokens + prompt_tokens) / self._rate(backend).per_s
+
+    def note(self, req: RequestInfo, ahead: Mapping[str, float]) -> None:
+        """Remember the queue estimates made for ``req`` (per backend) until it finishes."""
+        self._pending[req.request_id] = dict(ahead)
+        while len(self._pending) > self.pending_limit:
+            self._pending.popitem(last=False)
+
+    def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        """Learn from a finished request; failed requests teach nothing."""
+        ahead = self._pending.pop(req.request_id, {}).get(backend, 0.0)
+        ttft = outcome.ttft_s
+        if not outcome.ok or ttft is None or ttft <= 0:
+            return
+        # The router's estimate, not the engine's usage: predictions are made in those units.
+        tokens = ahead + (req.prompt_tokens or outcome.prompt_tokens)
+        if tokens <= 0:
+            return
+        rate = self._rate(backend)
+        rate.tokens = (1 - self.alpha) * rate.tokens + self.alpha * tokens
+        rate.seconds = (1 - self.alpha) * rate.seconds + self.alpha * ttft
+
+
+def read_predictor(p: Params, ctx: BuildContext) -> TtftPredictor:
+    """Params ``prefill_rate_prior`` (tokens/s: one number, or per engine kind) and
+    ``learning_rate`` (the weight of each observation, default 0.1)."""
+    raw = p.raw_value("prefill_rate_prior")
+    by_engine: dict[str, float] = {}
+    default = DEFAULT_PRIOR
+    if isinstance(raw, Mapping):
+        rates = p.child("prefill_rate_prior")
+        for engine in ctx.engines:
+            if rates.has(engine):
+                by_engine[engine] = rates.number(engine, DEFAULT_PRIOR, low=1.0)
+        rates.done()
+    else:
+        default = p.number("prefill_rate_prior", DEFAULT_PRIOR, low=1.0)
+    alpha = p.number("learning_rate", 0.1, low=0.001, high=1.0)
+    priors = {b.name: by_engine.get(b.engine, default) for b in ctx.backends}
+    return TtftPredictor(priors, default_prior=default, alpha=alpha)

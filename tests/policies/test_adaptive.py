@@ -1,0 +1,286 @@
+"""The adaptive policy on candidate snapshots: pools, spill, priority, SLO feedback, affinity."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from policies.adaptive import AdaptivePolicy, SpillGovernor, SpillSettings
+from policies.registry import BackendInfo, PolicyConfigError, build_policy
+from policies.testing import make_candidate, make_request
+from policies.types import Candidate, Outcome
+
+# Priors: vllm prefills 40k tokens/s, deepinfer 20k. Interactive TTFT SLO 0.5 s, so with
+# headroom 0.5 a spill must leave the next interactive request predicted under 0.25 s.
+PARAMS: dict[str, object] = {
+    "low_ttft": ["vllm"],
+    "high_throughput": ["deepinfer"],
+    "slo": {"interactive": {"ttft_s": 0.5, "tpot_s": 0.1}},
+    "prefill_rate_prior": {"vllm": 40_000, "deepinfer": 20_000},
+    "spill": {"max_inflight": 2, "headroom": 0.5, "window": 8, "min_attainment": 0.9},
+}
+
+
+def build(
+    params: Mapping[str, object] = PARAMS, *, capable: bool = True, replicas: int = 1
+) -> AdaptivePolicy:
+    backends = [
+        BackendInfo("vllm" if i == 0 else f"vllm-{i}", "vllm", capable) for i in range(replicas)
+    ]
+    backends += [BackendInfo("deepinfer", "deepinfer"), BackendInfo("sglang", "sglang")]
+    policy = build_policy("adaptive", "adaptive", params, backends)
+    assert isinstance(policy, AdaptivePolicy)
+    return policy
+
+
+def snap(
+    vllm: int = 0, deepinfer: int = 0, *, capable: bool = True, **kw: object
+) -> list[Candidate]:
+    """vllm and deepinfer with the given prompt tokens waiting (router-side counts)."""
+    return [
+        make_candidate(
+            "vllm", prompt_tokens=vllm, inflight=1 if vllm else 0, priority_capable=capable
+        ),
+        make_candidate("deepinfer", prompt_tokens=deepinfer, inflight=1 if deepinfer else 0),
+    ]
+
+
+def interactive(rid: str = "i", prompt: int = 1000, **kw: object) -> object:
+    return make_request("interactive", request_id=rid, prompt_tokens=prompt, **kw)  # type: ignore[arg-type]
+
+
+def batch(rid: str = "b", prompt: int = 8000) -> object:
+    return make_request("batch", request_id=rid, prompt_tokens=prompt, max_tokens=768, stream=False)
+
+
+@pytest.mark.parametrize(
+    ("vllm", "deepinfer", "expected"),
+    [
+        (0, 0, ("vllm", "deepinfer")),
+        (15_000, 0, ("vllm", "deepinfer")),  # 0.4 s predicted: within the SLO, stay
+        (40_000, 0, ("deepinfer", "vllm")),  # ~1.03 s > SLO and deepinfer predicts 0.05 s
+        (40_000, 100_000, ("vllm", "deepinfer")),  # over SLO, but deepinfer predicts worse
+    ],
+)
+def test_interactive(vllm: int, deepinfer: int, expected: tuple[str, ...]) -> None:
+    decision = build().choose(interactive(), snap(vllm, deepinfer))  # type: ignore[arg-type]
+    assert decision.ranked == expected
+    assert decision.priority is None
+
+
+@pytest.mark.parametrize(
+    ("capable", "vllm", "deepinfer", "prompt", "head", "priority"),
+    [
+        (True, 0, 0, 8000, "deepinfer", None),  # nothing queued on deepinfer: no spill
+        (True, 0, 50_000, 8000, "vllm", 10),  # deepinfer queue 2.5 s, vllm idle: spill
+        # the next interactive would wait (0 + 2048 + 1000) / 40k: fine
+        (True, 0, 50_000, 12_000, "vllm", 10),
+        # not priority-capable: it waits behind the whole 12k prompt, (12k + 1k) / 40k > 0.25
+        (False, 0, 50_000, 12_000, "deepinfer", None),
+        (False, 0, 50_000, 8000, "vllm", None),  # (8k + 1k) / 40k = 0.225: fits, no priority
+        # interactive work already queued on vllm leaves no headroom: (7k + 2048 + 1k) / 40k
+        (True, 7000, 50_000, 8000, "deepinfer", None),
+        # batch would not start sooner on vllm (its queue is longer)
+        (True, 60_000, 20_000, 8000, "deepinfer", None),
+    ],
+)
+def test_batch_spill(
+    capable: bool, vllm: int, deepinfer: int, prompt: int, head: str, priority: int | None
+) -> None:
+    policy = build(capable=capable)
+    decision = policy.choose(batch(prompt=prompt), snap(vllm, deepinfer, capable=capable))  # type: ignore[arg-type]
+    assert decision.ranked[0] == head
+    assert set(decision.ranked) == {"vllm", "deepinfer"}
+    assert decision.priority == priority
+
+
+def test_spill_disabled() -> None:
+    params = {**PARAMS, "spill": {"enabled": False}}
+    decision = build(params).choose(batch(), snap(0, 50_000))  # type: ignore[arg-type]
+    assert decision.ranked == ("deepinfer", "vllm")
+
+
+def test_spill_slots_are_bounded_and_released_on_finish() -> None:
+    policy = build()
+    heads = [policy.choose(batch(f"b{i}"), snap(0, 50_000)).ranked[0] for i in range(3)]  # type: ignore[arg-type]
+    assert heads == ["vllm", "vllm", "deepinfer"]  # max_inflight 2
+    assert policy.spilled("vllm") == 2
+    policy.on_finish(batch("b0"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))  # type: ignore[arg-type]
+    assert policy.spilled("vllm") == 1
+    assert policy.choose(batch("b3"), snap(0, 50_000)).ranked[0] == "vllm"  # type: ignore[arg-type]
+
+
+def test_interactive_jumps_spilled_batch_only_on_priority_capable_replicas() -> None:
+    params = {
+        **PARAMS,
+        "slo": {"interactive": {"ttft_s": 0.3}},
+        "spill": {"max_inflight": 2, "headroom": 1.0},
+    }
+    for capable, head in ((True, "vllm"), (False, "deepinfer")):
+        policy = build(params, capable=capable)
+        for i in range(2):
+            assert (
+                policy.choose(batch(f"b{i}"), snap(0, 50_000, capable=capable)).ranked[0] == "vllm"
+            )  # type: ignore[arg-type]
+        # vllm now holds the two spilled prompts (16k); deepinfer drained meanwhile
+        decision = policy.choose(interactive(), snap(16_000, 0, capable=capable))  # type: ignore[arg-type]
+        # capable: waits for one 2048-token budget: (2048 + 1000) / 40k; else (16k + 1k) / 40k
+        assert decision.ranked[0] == head
+
+
+def test_governor_halves_on_misses_and_recovers() -> None:
+    gov = SpillGovernor(SpillSettings(max_inflight=4, window=8, min_attainment=0.9))
+    assert gov.allowed == 4
+    gov.record(False)  # attainment 0/1 below target, but the cut needs window // 4 outcomes
+    assert gov.allowed == 4
+    gov.record(False)
+    assert gov.allowed == 2
+    gov.record(False)
+    assert gov.allowed == 2  # cooldown after a cut
+    gov.record(False)
+    assert gov.allowed == 1
+    for _ in range(8):
+        gov.record(True)  # attainment climbs back to the target over the window
+    assert gov.attainment == 1.0
+    steps = 0
+    while gov.allowed < 4:
+        gov.record(True)
+        steps += 1
+    assert steps <= 12
+    gov.record(True)
+    assert gov.allowed == 4  # never above max_inflight
+
+
+def test_interactive_misses_on_the_low_pool_stop_the_spill() -> None:
+    policy = build()
+    late = Outcome(200, True, prompt_tokens=1000, ttft_s=2.0, tpot_s=0.01)
+    for i in range(8):
+        policy.on_finish(interactive(f"i{i}"), "vllm", late)  # type: ignore[arg-type]
+    assert policy.governor.allowed == 0
+    assert policy.choose(batch(), snap(0, 50_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+    # misses on the other pool say nothing about the spill
+    other = build()
+    for i in range(8):
+        other.on_finish(interactive(f"i{i}"), "deepinfer", late)  # type: ignore[arg-type]
+    assert other.governor.allowed == 2
+
+
+@pytest.mark.parametrize(
+    ("outcome", "met"),
+    [
+        (Outcome(200, True, ttft_s=0.4, tpot_s=0.05), True),
+        (Outcome(200, True, ttft_s=0.4), True),
+        (Outcome(200, True, ttft_s=0.6, tpot_s=0.05), False),
+        (Outcome(200, True, ttft_s=0.4, tpot_s=0.2), False),
+        (Outcome(502, False, ttft_s=None), False),
+    ],
+)
+def test_slo_met(outcome: Outcome, met: bool) -> None:
+    assert build().settings.slo["interactive"].met(outcome) is met
+
+
+def test_learning_moves_interactive_off_a_slow_engine() -> None:
+    policy = build()
+    assert policy.choose(interactive("x"), snap(10_000, 0)).ranked[0] == "vllm"  # type: ignore[arg-type]
+    # vllm turns out to prefill 5k tokens/s, not 40k: 10k queued + 1k is 2.2 s there
+    for i in range(40):
+        req = interactive(f"s{i}", prompt=2000)
+        policy.choose(req, snap(3000, 0))  # type: ignore[arg-type]
+        policy.on_finish(req, "vllm", Outcome(200, True, prompt_tokens=2000, ttft_s=1.0))  # type: ignore[arg-type]
+    assert policy.predictor.rate("vllm") == pytest.approx(5000, rel=0.05)
+    assert policy.choose(interactive("y"), snap(10_000, 0)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+
+
+def test_pools_of_replicas_use_session_affinity_within_the_load_bound() -> None:
+    policy = build(replicas=3)
+
+    def cands(loads: tuple[int, int, int]) -> list[Candidate]:
+        names = ["vllm", "vllm-1", "vllm-2"]
+        return [
+            make_candidate(n, "vllm", inflight=x) for n, x in zip(names, loads, strict=True)
+        ] + [make_candidate("deepinfer")]
+
+    req = interactive(session_key="user-7")
+    first = policy.choose(req, cands((0, 0, 0))).ranked  # type: ignore[arg-type]
+    assert first[-1] == "deepinfer"
+    home = first[0]
+    assert policy.choose(req, cands((1, 1, 1))).ranked[0] == home  # type: ignore[arg-type]
+    loads = tuple(6 if n == home else 0 for n in ("vllm", "vllm-1", "vllm-2"))
+    assert policy.choose(req, cands(loads)).ranked[0] != home  # type: ignore[arg-type]
+    # without a key: least predicted TTFT (queued prompt tokens) first
+    keyless = [
+        make_candidate("vllm", prompt_tokens=9000, inflight=3),
+        make_candidate("vllm-1", "vllm", prompt_tokens=1000, inflight=1),
+        make_candidate("vllm-2", "vllm", prompt_tokens=5000, inflight=2),
+    ]
+    assert policy.choose(interactive(), keyless).ranked == ("vllm-1", "vllm-2", "vllm")  # type: ignore[arg-type]
+
+
+def test_unhealthy_and_unpooled_backends() -> None:
+    policy = build()
+    cands = [
+        make_candidate("sglang"),
+        make_candidate("vllm", healthy=False, priority_capable=True),
+        make_candidate("deepinfer"),
+    ]
+    assert policy.choose(interactive(), cands).ranked == ("deepinfer", "sglang")  # type: ignore[arg-type]
+    # only the low-TTFT pool is left for batch: it goes there, marked low priority
+    only_vllm = [
+        make_candidate("vllm", priority_capable=True),
+        make_candidate("deepinfer", healthy=False),
+    ]
+    decision = policy.choose(batch(), only_vllm)  # type: ignore[arg-type]
+    assert (decision.ranked, decision.priority) == (("vllm",), 10)
+    assert policy.choose(batch("b2"), [make_candidate("vllm", healthy=False)]).ranked == ()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("params", "errors"),
+    [
+        ({}, [("params.low_ttft", "is required"), ("params.high_throughput", "is required")]),
+        (
+            {
+                "low_ttft": ["vllm", "tgi"],
+                "high_throughput": ["vllm"],
+                "slo": {"interactive": {"ttft_s": 0, "p99": 1}, "bulk": {}},
+                "spill": {"enabled": "yes", "headroom": 2, "window": 0, "max_inflight": 1.5},
+                "prefill_rate_prior": {"vllm": "fast", "tgi": 1},
+                "learning_rate": 0,
+                "load_bound": 0.5,
+            },
+            [
+                ("params.low_ttft[1]", "unknown engine 'tgi' (known: vllm, deepinfer, sglang)"),
+                ("params.high_throughput", "'vllm' is also listed in low_ttft"),
+                ("params.slo.interactive.ttft_s", "0 is out of range"),
+                ("params.slo.interactive.p99", "unknown key"),
+                ("params.slo.bulk", "unknown key"),
+                ("params.spill.enabled", "expected true or false, got string"),
+                ("params.spill.headroom", "2 is out of range"),
+                ("params.spill.window", "0 is below the minimum 1"),
+                ("params.spill.max_inflight", "expected an integer, got number"),
+                ("params.prefill_rate_prior.vllm", "expected a number, got string"),
+                ("params.prefill_rate_prior.tgi", "unknown key"),
+                ("params.learning_rate", "0 is out of range"),
+                ("params.load_bound", "0.5 is out of range"),
+            ],
+        ),
+    ],
+)
+def test_config_errors(params: dict[str, object], errors: list[tuple[str, str]]) -> None:
+    backends = [
+        BackendInfo("vllm", "vllm"),
+        BackendInfo("deepinfer", "deepinfer"),
+        BackendInfo("sglang", "sglang"),
+    ]
+    with pytest.raises(PolicyConfigError) as info:
+        build_policy("a", "adaptive", params, backends)
+    got = sorted(info.value.errors)
+    assert [p for p, _ in got] == sorted(p for p, _ in errors), got
+    for (_, message), (_, want) in zip(got, sorted(errors), strict=True):
+        assert message.startswith(want), message
+
+
+def test_prefill_prior_as_one_number() -> None:
+    policy = build({**PARAMS, "prefill_rate_prior": 12_345})
+    assert policy.predictor.rate("vllm") == policy.predictor.rate("deepinfer") == 12_345

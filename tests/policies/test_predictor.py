@@ -1,0 +1,103 @@
+"""The online TTFT predictor, driven by a simulated FCFS prefill queue in virtual time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from policies.predictor import PRIOR_SECONDS, TtftPredictor, queued_prefill_tokens
+from policies.scorers import PredictedTtftScorer
+from policies.testing import make_candidate, make_request
+from policies.types import Outcome
+
+
+def simulate(
+    scorer: PredictedTtftScorer, rate: float, n: int, seed: int = 7
+) -> list[tuple[float, float]]:
+    """Poisson arrivals on one engine prefilling ``rate`` tokens/s, first come first served.
+
+    The router-side snapshot at each arrival holds the prompt tokens still to prefill; each
+    outcome is fed back at its (virtual) finish time, after any arrivals before it. Returns
+    (predicted, actual) TTFT pairs.
+    """
+    rng = random.Random(seed)
+    now = busy_until = 0.0
+    pending: list[tuple[float, str, int, float]] = []  # (first token at, id, prompt, arrival)
+    pairs = []
+    for i in range(n):
+        now += rng.expovariate(8.0)
+        while pending and pending[0][0] <= now:
+            done, rid, prompt, arrived = pending.pop(0)
+            req = make_request(request_id=rid, prompt_tokens=prompt)
+            scorer.on_finish(req, "e", Outcome(200, True, ttft_s=done - arrived))
+        prompt = rng.randint(500, 4000)
+        ahead = max(0.0, busy_until - now) * rate
+        cand = make_candidate("e", prompt_tokens=round(ahead))
+        req = make_request(request_id=f"r{i}", prompt_tokens=prompt)
+        score = scorer.score(req, [cand])["e"]
+        predicted = scorer.target_s / score - scorer.target_s
+        busy_until = max(busy_until, now) + prompt / rate
+        pending.append((busy_until, req.request_id, prompt, now))
+        pairs.append((predicted, busy_until - now))
+    return pairs
+
+
+def test_learns_the_prefill_rate_and_predicts_queueing() -> None:
+    predictor = TtftPredictor({"e": 2_000.0}, alpha=0.1)  # prior 10x too slow
+    scorer = PredictedTtftScorer(predictor, target_s=1.0)
+    pairs = simulate(scorer, rate=20_000.0, n=400)
+    assert predictor.rate("e") == pytest.approx(20_000.0, rel=0.02)
+    late = pairs[200:]
+    errors = [abs(p - a) / a for p, a in late]
+    assert max(errors) < 0.05
+    # the early predictions came from the prior and were far off
+    assert pairs[0][0] > 5 * pairs[0][1]
+
+
+def test_prior_until_learned_and_failures_teach_nothing() -> None:
+    predictor = TtftPredictor({"vllm": 40_000.0, "deepinfer": 20_000.0}, default_prior=500.0)
+    assert predictor.rate("vllm") == 40_000.0
+    assert predictor.predict("deepinfer", 10_000, 10_000) == pytest.approx(1.0)
+    req = make_request(request_id="x", prompt_tokens=4000)
+    predictor.note(req, {"vllm": 0.0})
+    predictor.observe(req, "vllm", Outcome(503, False, ttft_s=None))
+    predictor.observe(req, "vllm", Outcome(200, True, ttft_s=0.0))
+    assert predictor.rate("vllm") == 40_000.0
+    assert predictor.rate("new") == 500.0
+
+
+def test_one_observation_moves_the_estimate_by_its_weight() -> None:
+    predictor = TtftPredictor({"e": 10_000.0}, alpha=0.5)
+    req = make_request(request_id="x", prompt_tokens=1000)
+    predictor.note(req, {"e": 3000.0})
+    predictor.observe(req, "e", Outcome(200, True, ttft_s=1.0))  # 4000 tokens in 1 s
+    tokens = 0.5 * 10_000 * PRIOR_SECONDS + 0.5 * 4000
+    seconds = 0.5 * PRIOR_SECONDS + 0.5 * 1.0
+    assert predictor.rate("e") == pytest.approx(tokens / seconds)
+
+
+def test_pending_memory_is_bounded() -> None:
+    predictor = TtftPredictor({"e": 1000.0}, pending_limit=3)
+    for i in range(10):
+        predictor.note(make_request(request_id=f"r{i}"), {"e": 99_000.0})
+    # r0's note was dropped: its outcome counts only its own prompt, not the 99k ahead
+    predictor.observe(
+        make_request(request_id="r0", prompt_tokens=1000), "e", Outcome(200, True, ttft_s=1.0)
+    )
+    expected = (0.9 * 1000 * PRIOR_SECONDS + 0.1 * 1000) / (0.9 * PRIOR_SECONDS + 0.1)
+    assert predictor.rate("e") == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("cand", "expected"),
+    [
+        (make_candidate("a", prompt_tokens=5000, inflight=5), 5000),  # no scrape: all open prompts
+        (make_candidate("a", prompt_tokens=5000, inflight=5, waiting=2), 2000),  # 2 x mean 1000
+        (make_candidate("a", prompt_tokens=0, inflight=0, waiting=3), 3 * 700),  # typical prompt
+        (make_candidate("a", prompt_tokens=5000, inflight=5, waiting=2, stale=True), 5000),
+        (make_candidate("a", prompt_tokens=5000, inflight=5, kv=0.5), 5000),  # no waiting figure
+    ],
+)
+def test_queued_prefill_tokens(cand: object, expected: float) -> None:
+    assert queued_prefill_tokens(cand, typical_prompt=700) == pytest.approx(expected)  # type: ignore[arg-type]
