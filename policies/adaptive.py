@@ -272,8 +272,8 @@ class AdaptivePolicy:
         self.predictor.observe(req, backend, outcome)
         if req.request_id in self._spilled:
             self._forget_spill(req.request_id)
-        if req.request_class != "interactive":
-            return
+        if req.request_class != "interactive" or not req.stream:
+            return  # a non-streamed response has no observable TTFT
         if req.prompt_tokens:
             self.typical_prompt += _PROMPT_ALPHA * (req.prompt_tokens - self.typical_prompt)
         if self.engines.get(backend) in self.settings.low_ttft:

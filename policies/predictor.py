@@ -95,10 +95,14 @@ class TtftPredictor:
             self._pending.popitem(last=False)
 
     def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
-        """Learn from a finished request; failed requests teach nothing."""
+        """Learn from a finished request.
+
+        Failed and non-streamed requests teach nothing: a non-streamed response arrives
+        whole, so its "first token" time includes the whole generation.
+        """
         ahead = self._pending.pop(req.request_id, {}).get(backend, 0.0)
         ttft = outcome.ttft_s
-        if not outcome.ok or ttft is None or ttft <= 0:
+        if not req.stream or not outcome.ok or ttft is None or ttft <= 0:
             return
         # The router's estimate, not the engine's usage: predictions are made in those units.
         tokens = ahead + (req.prompt_tokens or outcome.prompt_tokens)

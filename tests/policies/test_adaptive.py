@@ -164,6 +164,10 @@ def test_interactive_misses_on_the_low_pool_stop_the_spill() -> None:
     for i in range(8):
         other.on_finish(interactive(f"i{i}"), "deepinfer", late)  # type: ignore[arg-type]
     assert other.governor.allowed == 2
+    # nor do non-streamed interactive requests: their "TTFT" is the whole response
+    for i in range(8):
+        other.on_finish(interactive(f"n{i}", stream=False), "vllm", late)  # type: ignore[arg-type]
+    assert other.governor.allowed == 2
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,8 @@ def test_prior_until_learned_and_failures_teach_nothing() -> None:
     predictor.note(req, {"vllm": 0.0})
     predictor.observe(req, "vllm", Outcome(503, False, ttft_s=None))
     predictor.observe(req, "vllm", Outcome(200, True, ttft_s=0.0))
+    whole = make_request(request_id="y", prompt_tokens=4000, stream=False)
+    predictor.observe(whole, "vllm", Outcome(200, True, ttft_s=9.0))
     assert predictor.rate("vllm") == 40_000.0
     assert predictor.rate("new") == 500.0
 
