@@ -1,14 +1,182 @@
-"""`replay` console script."""
+"""`replay` console script: ``replay FILE [options]`` and ``replay convert FILE -o CAPTURE``."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import dataclasses
 import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import uvloop
+
+from common.capture import dump_line
+from replay.html import collect_samples, render_html
+from replay.plan import Plan, PlanOptions, dry_run
+from replay.replayer import Replayer, ReplayOptions, build_report, dumps_report
+from replay.report import render_tables
+from replay.sources import FORMATS, Format, Source, SourceError, detect_format
+from replay.synth import PromptSynth
+
+
+def _window(text: str) -> tuple[float, float | None]:
+    start, sep, end = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected START:END in seconds (END may be empty)")
+    try:
+        lo = float(start) if start else 0.0
+        hi = float(end) if end else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not numbers: {text!r}") from None
+    if lo < 0 or (hi is not None and hi <= lo):
+        raise argparse.ArgumentTypeError("need 0 <= START < END")
+    return lo, hi
+
+
+def _shard(text: str) -> tuple[int, int]:
+    i, sep, n = text.partition("/")
+    try:
+        shard = int(i), int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected I/N, e.g. 0/4") from None
+    if not sep or not 0 <= shard[0] < shard[1]:
+        raise argparse.ArgumentTypeError("need 0 <= I < N")
+    return shard
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError("must be > 0")
+        return v
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="replay",
+        description="Replay a capture or a public trace against an OpenAI-compatible target.",
+        epilog="Also: replay convert FILE -o CAPTURE [--format F] (any trace -> capture.jsonl)",
+    )
+    p.add_argument("file")
+    p.add_argument("--target", default="http://127.0.0.1:8080")
+    p.add_argument("--policy", action="append", dest="policies", metavar="NAME")
+    p.add_argument("--format", choices=FORMATS)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--speed", type=_positive(float), default=1.0)
+    mode.add_argument("--concurrency", type=_positive(int))
+    p.add_argument("--rate", type=_positive(float), help="requests/s for files without times")
+    p.add_argument("--max-requests", type=_positive(int))
+    p.add_argument("--max-gap", type=_positive(float), metavar="SECONDS")
+    p.add_argument("--window", type=_window, metavar="START:END")
+    p.add_argument("--shard", type=_shard, metavar="I/N")
+    p.add_argument("--model", help="model name for imported traces (default: the target's)")
+    p.add_argument("--out", metavar="report.json")
+    p.add_argument("--results", metavar="results.jsonl")
+    p.add_argument("--html", metavar="report.html")
+    p.add_argument("--shadow-target", metavar="URL")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _convert(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="replay convert", description="Any trace -> capture.jsonl")
+    p.add_argument("file")
+    p.add_argument("-o", "--output", required=True, metavar="CAPTURE")
+    p.add_argument("--format", choices=FORMATS)
+    p.add_argument("--model", default="default")
+    a = p.parse_args(argv)
+    fmt: Format | None = a.format
+    try:
+        src = Source(a.file, fmt, model=a.model)
+        synth = PromptSynth()  # the documented rule: prompts match the recorded lengths there
+        n = 0
+        with open(a.output, "wb") as out:
+            for item in src:
+                rec = item.record
+                if item.synth is not None:
+                    body = synth.body(rec.body, item.synth, rec.custom_id)
+                    rec = dataclasses.replace(rec, body=body)
+                out.write(dump_line(rec))
+                n += 1
+    except (SourceError, OSError) as e:
+        print(f"replay convert: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {n} requests ({src.format}) to {a.output}; skipped {src.skipped}")
+    return 0
+
+
+def _dry_run(opts: ReplayOptions) -> int:
+    src = Source(opts.file, opts.format, model=opts.model or "default")
+    stats = dry_run(Plan(src, opts.plan))
+    print(f"file        {opts.file} ({src.format})")
+    print(f"requests    {stats.requests} (skipped rows: {src.skipped})")
+    if opts.concurrency:
+        print(f"mode        closed loop, concurrency {opts.concurrency}")
+    else:
+        print(f"duration    {stats.duration:.3f} s planned")
+        print(f"rate        mean {stats.mean_rate:.2f}/s, peak {stats.peak_rate:.0f}/s (1 s bins)")
+        print(f"largest gap {stats.largest_gap:.3f} s")
+    print(f"out of order rows {stats.out_of_order}; rows without times {stats.untimed}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; the replayer lands with its own issue."""
-    print("replay: not yet", file=sys.stderr)
-    return 1
+    """Entry point."""
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["convert"]:
+        return _convert(args_in[1:])
+    a = _parser().parse_args(args_in)
+    plan = PlanOptions(
+        speed=a.speed,
+        max_gap=a.max_gap,
+        window=a.window,
+        max_requests=a.max_requests,
+        shard=a.shard,
+        rate=a.rate,
+    )
+    opts = ReplayOptions(
+        file=a.file,
+        target=a.target,
+        policies=tuple(a.policies) if a.policies else (None,),
+        format=a.format,
+        plan=plan,
+        concurrency=a.concurrency,
+        shadow_target=a.shadow_target,
+        model=a.model,
+        results=a.results,
+        progress=sys.stdout.isatty() and not a.no_progress,
+    )
+    try:
+        fmt = a.format or detect_format(a.file)
+        if fmt == "openai-batch" and not (a.concurrency or a.rate or a.dry_run):
+            print(
+                "replay: a Batch file has no arrival times: give --concurrency N or --rate R",
+                file=sys.stderr,
+            )
+            return 2
+        if a.dry_run:
+            return _dry_run(opts)
+        replayer = Replayer(opts)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runs = runner.run(replayer.run())
+    except (SourceError, OSError, ValueError) as e:
+        print(f"replay: {e}", file=sys.stderr)
+        return 2
+    report = build_report(opts, replayer.format, runs)
+    print(render_tables(report))
+    if a.out:
+        Path(a.out).write_bytes(dumps_report(report))
+    if a.html:
+        Path(a.html).write_text(render_html(report, collect_samples(runs)), encoding="utf-8")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+"""Send one request with aiohttp and measure it with the shared SSE meter.
+
+Definitions follow vLLM's serving benchmark (see :mod:`common.sse`): TTFT from the send to
+the first content chunk, ITL between content chunks, E2E to the last byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from common.capture import CaptureRecord
+from common.sse import StreamMeter
+
+DEFAULT_CLASS = "default"
+
+
+@dataclass(slots=True)
+class Result:
+    """What one replayed request saw. Times in seconds."""
+
+    custom_id: str
+    request_class: str
+    status: int
+    stream: bool
+    lag: float | None
+    backend: str | None = None
+    policy: str | None = None
+    ttft: float | None = None
+    e2e: float | None = None
+    itls: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    error: Mapping[str, object] | None = None
+    text: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Successful as vLLM's benchmark counts it: HTTP 200, no error event, some output."""
+        return self.status == 200 and self.error is None and self.ttft is not None
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens from the usage report, else the number of content chunks."""
+        return self.completion_tokens if self.completion_tokens is not None else len(self.itls) + 1
+
+    @property
+    def tpot(self) -> float | None:
+        """``(e2e - ttft) / (output tokens - 1)``; None with fewer than two tokens."""
+        n = self.output_tokens
+        if self.ttft is None or self.e2e is None or n < 2:
+            return None
+        return (self.e2e - self.ttft) / (n - 1)
+
+
+def request_class(rec: CaptureRecord) -> str:
+    """The class a request was recorded with (header, then route), else ``default``."""
+    cls = rec.headers.get("x-request-class")
+    if cls:
+        return cls
+    if rec.route is not None and rec.route.request_class:
+        return rec.route.request_class
+    return DEFAULT_CLASS
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """The JSON to send; streamed requests ask for usage so output tokens are counted."""
+    if body.get("stream") is True:
+        opts = body.get("stream_options")
+        if not (isinstance(opts, dict) and opts.get("include_usage")):
+            body = {**body, "stream_options": {**(opts or {}), "include_usage": True}}
+    return orjson.dumps(body)
+
+
+def _stream_text(raw: bytes) -> str:
+    """The generated text of a whole SSE stream (for agreement checks only, not the hot path)."""
+    out: list[str] = []
+    for event in raw.split(b"\n\n"):
+        i = event.find(b"data:")
+        payload = event[i + 5 :].strip() if i >= 0 else b""
+        if not payload.startswith(b"{"):
+            continue
+        try:
+            doc = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            continue
+        out.append(_choice_text(doc))
+    return "".join(out)
+
+
+def _choice_text(doc: Any) -> str:
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
+        return ""
+    c = choices[0]
+    for holder in (c.get("delta"), c.get("message"), c):
+        if isinstance(holder, dict):
+            for key in ("content", "text"):
+                v = holder.get(key)
+                if isinstance(v, str):
+                    return v
+    return ""
+
+
+class Client:
+    """Sends requests to one target; ``policy`` goes out as ``X-Switchyard-Policy``."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        target: str,
+        *,
+        policy: str | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self._session = session
+        self._base = target.rstrip("/")
+        self._policy = policy
+        self._clock = clock
+
+    async def send(
+        self, rec: CaptureRecord, body: bytes, lag: float | None, *, keep_text: bool = False
+    ) -> Result:
+        """Send ``body`` as ``rec``'s request; never raises for HTTP or network trouble."""
+        headers = {"content-type": "application/json", "x-request-id": rec.custom_id}
+        cls = rec.headers.get("x-request-class")
+        if cls:
+            headers["x-request-class"] = cls
+        if self._policy:
+            headers["x-switchyard-policy"] = self._policy
+        res = Result(rec.custom_id, request_class(rec), 0, False, lag, policy=self._policy)
+        start = self._clock()
+        meter = StreamMeter(start, keep_itl=True)
+        raw: list[bytes] | None = [] if keep_text else None
+        try:
+            async with self._session.post(self._base + rec.url, data=body, headers=headers) as r:
+                res.status = r.status
+                res.backend = r.headers.get("x-switchyard-backend")
+                res.request_class = r.headers.get("x-switchyard-class") or res.request_class
+                res.policy = r.headers.get("x-switchyard-policy") or self._policy
+                res.stream = r.content_type == "text/event-stream"
+                if res.stream:
+                    async for chunk in r.content.iter_any():
+                        meter.feed(chunk, self._clock())
+                        if raw is not None:
+                            raw.append(chunk)
+                else:
+                    data = await r.read()
+                    meter.feed_body(data, self._clock())
+                    if raw is not None:
+                        raw.append(data)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            res.error = {"message": str(e) or type(e).__name__, "type": "connection_error"}
+        fig = meter.figures()
+        if res.status == 200:
+            res.ttft = fig.ttft
+        elif res.error is None:
+            res.error = fig.error or {"message": f"HTTP {res.status}", "type": "http_error"}
+        res.e2e = fig.e2e if fig.e2e is not None else self._clock() - start
+        res.itls = fig.itls or []
+        res.prompt_tokens = fig.prompt_tokens
+        res.completion_tokens = fig.completion_tokens
+        res.finish_reason = fig.finish_reason
+        if res.error is None and fig.error is not None:
+            res.error = fig.error
+        if raw is not None:
+            joined = b"".join(raw)
+            res.text = _stream_text(joined) if res.stream else _choice_text(_loads(joined))
+        return res
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None

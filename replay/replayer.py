@@ -1,0 +1,250 @@
+"""One replay session: the file run once per policy against a target, results and report.
+
+Wires the pieces: :class:`~replay.sources.Source` -> :class:`~replay.plan.Plan` ->
+:class:`~replay.runner.Runner` -> :class:`~replay.client.Client` -> ``RunReport`` (and the
+``--results`` file). The progress line and the prompt synthesizer's calibration live here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import aiohttp
+import orjson
+
+from common.capture import CaptureRecord, Observed, Response, Route, dump_line, iso_utc
+from replay.client import Client, Result, encode_body
+from replay.plan import Plan, PlanOptions, dry_run
+from replay.report import RunReport
+from replay.runner import Runner, Timing
+from replay.sources import Format, Item, Source
+from replay.synth import Calibration, PromptSynth, calibrate
+
+_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """Everything one ``replay FILE`` invocation asked for."""
+
+    file: str
+    target: str = "http://127.0.0.1:8080"
+    policies: tuple[str | None, ...] = (None,)
+    format: Format | None = None
+    plan: PlanOptions = field(default_factory=PlanOptions)
+    concurrency: int | None = None
+    shadow_target: str | None = None
+    model: str | None = None
+    results: str | None = None
+    progress: bool = False
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def resolve_model(session: aiohttp.ClientSession, target: str) -> str:
+    """The target's first listed model (for imported traces), else ``default``."""
+    try:
+        async with session.get(target.rstrip("/") + "/v1/models") as r:
+            if r.status == 200:
+                data = (await r.json()).get("data") or []
+                if data and isinstance(data[0], dict) and isinstance(data[0].get("id"), str):
+                    return str(data[0]["id"])
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        pass
+    return "default"
+
+
+async def target_calibration(session: aiohttp.ClientSession, target: str) -> Calibration:
+    """Fit synthesis to the target's ``/tokenize``; the documented rule if it has none."""
+    url = target.rstrip("/") + "/tokenize"
+
+    async def count(messages: list[dict[str, Any]]) -> int:
+        async with session.post(url, json={"messages": messages}) as r:
+            if r.status != 200:
+                raise ValueError(f"/tokenize answered {r.status}")
+            return int((await r.json())["count"])
+
+    try:
+        return await calibrate(count)
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+        return Calibration()
+
+
+def _result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
+    rec = item.record
+    return dump_line(
+        CaptureRecord(
+            custom_id=rec.custom_id,
+            url=rec.url,
+            body=rec.body,
+            t_offset_ms=None if sent_at is None else sent_at * 1000.0,
+            ts=iso_utc(time.time()),
+            headers=rec.headers,
+            route=Route(r.policy, r.request_class, r.backend, 0),
+            resp=Response(
+                r.status, r.stream, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.error
+            ),
+            obs=Observed(
+                None if r.ttft is None else r.ttft * 1000.0,
+                None if r.tpot is None else r.tpot * 1000.0,
+                None if r.e2e is None else r.e2e * 1000.0,
+                None if r.lag is None else r.lag * 1000.0,
+            ),
+        )
+    )
+
+
+class Progress:
+    """``sent / done / failed, elapsed / planned`` on one rewritten terminal line."""
+
+    def __init__(self, runner: Runner, report: RunReport, planned: float, label: str) -> None:
+        self._runner = runner
+        self._report = report
+        self._planned = planned
+        self._label = label
+
+    def line(self, now: float) -> str:
+        """The current progress text."""
+        r = self._runner
+        failed = self._report.overall.failed
+        return (
+            f"[{self._label}] sent {r.sent}  done {r.done}  failed {failed}  "
+            f"elapsed {now - r.start:6.1f}s / planned {self._planned:.1f}s"
+        )
+
+    async def run(self, out: IO[str], clock: Callable[[], float]) -> None:
+        """Redraw every half second until cancelled."""
+        try:
+            while True:
+                out.write("\r" + self.line(clock()))
+                out.flush()
+                await asyncio.sleep(0.5)
+        finally:
+            out.write("\r" + self.line(clock()) + "\n")
+            out.flush()
+
+
+class Replayer:
+    """Runs the file once per policy; :meth:`run` returns one ``RunReport`` per policy."""
+
+    def __init__(self, opts: ReplayOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.opts = opts
+        self.clock = clock
+        self.format: Format | None = opts.format
+        self.skipped = 0
+
+    def _source(self, model: str) -> Source:
+        src = Source(self.opts.file, self.opts.format, model=model)
+        self.format = src.format
+        return src
+
+    async def run(self) -> list[RunReport]:
+        """Every policy's run, one after another, over the same traffic."""
+        o = self.opts
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=_TIMEOUT, auto_decompress=False
+        ) as session:
+            model = o.model or await resolve_model(session, o.target)
+            synth = PromptSynth(await target_calibration(session, o.target))
+            results = open(o.results, "wb") if o.results else None  # noqa: SIM115
+            try:
+                return [
+                    await self._run_one(session, model, synth, policy, results)
+                    for policy in o.policies
+                ]
+            finally:
+                if results is not None:
+                    results.close()
+
+    async def _run_one(
+        self,
+        session: aiohttp.ClientSession,
+        model: str,
+        synth: PromptSynth,
+        policy: str | None,
+        results: IO[bytes] | None,
+    ) -> RunReport:
+        o = self.opts
+        report = RunReport(policy, shadow_target=o.shadow_target)
+        client = Client(session, o.target, policy=policy, clock=self.clock)
+        shadow = (
+            Client(session, o.shadow_target, policy=policy, clock=self.clock)
+            if o.shadow_target
+            else None
+        )
+        source = self._source(model)
+        runner: Runner
+
+        def prepare(item: Item) -> bytes:
+            rec = item.record
+            body = (
+                rec.body if item.synth is None else synth.body(rec.body, item.synth, rec.custom_id)
+            )
+            return encode_body(body)
+
+        async def send(item: Item, body: bytes, lag: float | None) -> None:
+            rec = item.record
+            sent_at = self.clock() - runner.start
+            if shadow is None:
+                r = await client.send(rec, body, lag)
+            else:
+                det = rec.body.get("temperature") == 0
+                r, s = await asyncio.gather(
+                    client.send(rec, body, lag, keep_text=det),
+                    shadow.send(rec, body, lag, keep_text=det),
+                )
+                report.add_shadow(r, s, deterministic=det)
+            report.add(r)
+            if results is not None:
+                results.write(_result_line(item, r, sent_at))
+
+        runner = Runner(prepare, send, clock=self.clock)
+        progress_task = None
+        if o.progress:
+            planned = 0.0 if o.concurrency else dry_run(Plan(self._source(model), o.plan)).duration
+            prog = Progress(runner, report, planned, policy or "target")
+            progress_task = asyncio.create_task(prog.run(sys.stdout, self.clock))
+        plan = Plan(source, o.plan)
+        try:
+            timing: Timing = (
+                await runner.closed_loop(plan, o.concurrency)
+                if o.concurrency
+                else await runner.open_loop(plan)
+            )
+        finally:
+            if progress_task is not None:
+                progress_task.cancel()
+                await asyncio.gather(progress_task, return_exceptions=True)
+        report.duration = timing.duration
+        self.skipped = source.skipped
+        for err in source.errors:
+            _stderr(f"replay: skipped {err}")
+        if plan.out_of_order:
+            _stderr(f"replay: {plan.out_of_order} rows were out of order in the file")
+        return report
+
+
+def build_report(opts: ReplayOptions, fmt: str | None, runs: list[RunReport]) -> dict[str, Any]:
+    """``report.json`` as INTERFACES.md describes it."""
+    return {
+        "file": opts.file,
+        "format": fmt,
+        "target": opts.target,
+        "mode": "closed" if opts.concurrency else "timed",
+        "speed": opts.plan.speed,
+        "concurrency": opts.concurrency,
+        "runs": [r.to_dict() for r in runs],
+    }
+
+
+def dumps_report(report: dict[str, Any]) -> bytes:
+    """Indented JSON, newline-terminated."""
+    return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)

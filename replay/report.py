@@ -1,0 +1,257 @@
+"""Summaries with vLLM's benchmark metric names, the report JSON and the terminal table.
+
+Per-request figures are kept in compact ``array('d')`` columns (8 bytes a value), so a run of
+100,000 requests costs a few megabytes, not a list of result objects. Percentiles interpolate
+linearly between order statistics, as numpy's default (which vLLM's benchmark uses) does.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replay.client import Result
+
+Metrics = dict[str, float | int | None]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of sorted ``values``, linear interpolation."""
+    if not values:
+        return None
+    pos = (len(values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+class Acc:
+    """Accumulates one group's results (a run, a class, a shadow target)."""
+
+    __slots__ = (
+        "completed",
+        "e2e",
+        "failed",
+        "in_tokens",
+        "itl",
+        "lag",
+        "out_tokens",
+        "tpot",
+        "ttft",
+    )
+
+    def __init__(self) -> None:
+        self.completed = 0
+        self.failed = 0
+        self.in_tokens = 0
+        self.out_tokens = 0
+        self.ttft = array("d")
+        self.tpot = array("d")
+        self.itl = array("d")
+        self.e2e = array("d")
+        self.lag = array("d")
+
+    def add(self, r: Result) -> None:
+        """Count ``r``; latencies only from successful requests, send lag from every one."""
+        if r.lag is not None:
+            self.lag.append(r.lag)
+        if not r.ok:
+            self.failed += 1
+            return
+        self.completed += 1
+        self.in_tokens += r.prompt_tokens or 0
+        self.out_tokens += r.output_tokens
+        self.ttft.append(r.ttft or 0.0)
+        if r.e2e is not None:
+            self.e2e.append(r.e2e)
+        tpot = r.tpot
+        if tpot is not None:
+            self.tpot.append(tpot)
+        self.itl.extend(r.itls)
+
+    def metrics(self, duration: float) -> Metrics:
+        """vLLM-named metrics over a run of ``duration`` seconds (latencies in ms)."""
+        m: Metrics = {
+            "completed": self.completed,
+            "failed": self.failed,
+            "duration": round(duration, 6),
+            "request_throughput": self.completed / duration,
+            "output_throughput": self.out_tokens / duration,
+            "total_token_throughput": (self.in_tokens + self.out_tokens) / duration,
+            "total_input_tokens": self.in_tokens,
+            "total_output_tokens": self.out_tokens,
+        }
+        for name, col, pcts in (
+            ("ttft", self.ttft, (50, 95, 99)),
+            ("tpot", self.tpot, (50, 95)),
+            ("itl", self.itl, (50, 95)),
+            ("e2el", self.e2e, (50, 95, 99)),
+        ):
+            s = sorted(col)
+            m[f"mean_{name}_ms"] = sum(s) / len(s) * 1000.0 if s else None
+            for p in pcts:
+                v = percentile(s, p)
+                key = f"median_{name}_ms" if p == 50 else f"p{p}_{name}_ms"
+                m[key] = None if v is None else v * 1000.0
+        lag = sorted(self.lag)
+        for p in (50, 99):
+            v = percentile(lag, p)
+            m[f"send_lag_p{p}_ms"] = None if v is None else v * 1000.0
+        return m
+
+    def samples(self, name: str, points: int = 200) -> list[float]:
+        """Up to ``points`` evenly spaced order statistics of a latency column, in ms (CDFs)."""
+        s = sorted(getattr(self, name))
+        if len(s) <= points:
+            return [v * 1000.0 for v in s]
+        return [s[round(i * (len(s) - 1) / (points - 1))] * 1000.0 for i in range(points)]
+
+
+class Agreement:
+    """How often a shadow target answered like the primary one."""
+
+    __slots__ = ("compared", "finish_reason", "output_tokens", "status", "text", "text_compared")
+
+    def __init__(self) -> None:
+        self.compared = self.status = self.finish_reason = self.output_tokens = 0
+        self.text_compared = self.text = 0
+
+    def add(self, a: Result, b: Result, *, deterministic: bool) -> None:
+        """Compare one pair; text only for temperature-0 requests."""
+        self.compared += 1
+        self.status += a.status == b.status
+        self.finish_reason += a.finish_reason == b.finish_reason
+        self.output_tokens += a.ok and b.ok and a.output_tokens == b.output_tokens
+        if deterministic and a.ok and b.ok:
+            self.text_compared += 1
+            self.text += a.text == b.text
+
+    def to_dict(self) -> dict[str, Any]:
+        """Fractions of compared pairs that agreed."""
+        n = self.compared or 1
+        return {
+            "compared": self.compared,
+            "status": self.status / n,
+            "finish_reason": self.finish_reason / n,
+            "output_tokens": self.output_tokens / n,
+            "text_compared": self.text_compared,
+            "text": self.text / self.text_compared if self.text_compared else None,
+        }
+
+
+class RunReport:
+    """Collects one run (one policy) and, with ``--shadow-target``, its shadow."""
+
+    def __init__(self, policy: str | None, *, shadow_target: str | None = None) -> None:
+        self.policy = policy
+        self.overall = Acc()
+        self.by_class: dict[str, Acc] = {}
+        self.by_backend: dict[str, int] = {}
+        self.shadow_target = shadow_target
+        self.shadow = Acc()
+        self.shadow_by_class: dict[str, Acc] = {}
+        self.agreement = Agreement()
+        self.duration = 0.0
+
+    def add(self, r: Result) -> None:
+        """Account for one primary result."""
+        self.overall.add(r)
+        self.by_class.setdefault(r.request_class, Acc()).add(r)
+        key = r.backend or "none"
+        self.by_backend[key] = self.by_backend.get(key, 0) + 1
+
+    def add_shadow(self, primary: Result, shadow: Result, *, deterministic: bool) -> None:
+        """Account for the shadow target's answer to the same request."""
+        self.shadow.add(shadow)
+        self.shadow_by_class.setdefault(primary.request_class, Acc()).add(shadow)
+        self.agreement.add(primary, shadow, deterministic=deterministic)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run's entry in ``report.json``."""
+        d = self.duration
+        run: dict[str, Any] = {
+            "policy": self.policy,
+            "overall": self.overall.metrics(d),
+            "by_class": {k: v.metrics(d) for k, v in sorted(self.by_class.items())},
+            "by_backend": {k: {"requests": n} for k, n in sorted(self.by_backend.items())},
+        }
+        if self.shadow_target is not None:
+            run["shadow"] = {
+                "target": self.shadow_target,
+                "overall": self.shadow.metrics(d),
+                "by_class": {k: v.metrics(d) for k, v in sorted(self.shadow_by_class.items())},
+                "agreement": self.agreement.to_dict(),
+            }
+        return run
+
+
+# (row label, metric key, scale, format) in the order of the public B200 table
+_ROWS: tuple[tuple[str, str, float, str], ...] = (
+    ("Output throughput (tokens/s)", "output_throughput", 1.0, "{:,.2f}"),
+    ("Mean TTFT (s)", "mean_ttft_ms", 0.001, "{:,.3f}"),
+    ("P95 TTFT (s)", "p95_ttft_ms", 0.001, "{:,.3f}"),
+    ("Mean inter-token latency (ms)", "mean_itl_ms", 1.0, "{:,.2f}"),
+    ("Mean TPOT (ms)", "mean_tpot_ms", 1.0, "{:,.2f}"),
+    ("Mean end-to-end latency (s)", "mean_e2el_ms", 0.001, "{:,.3f}"),
+    ("P95 end-to-end latency (s)", "p95_e2el_ms", 0.001, "{:,.3f}"),
+    ("Send lag P99 (ms)", "send_lag_p99_ms", 1.0, "{:,.2f}"),
+)
+
+
+def _cell(m: Mapping[str, Any], key: str, scale: float, fmt: str) -> str:
+    v = m.get(key)
+    return "-" if v is None else fmt.format(v * scale)
+
+
+def _table(title: str, columns: list[tuple[str, Mapping[str, Any]]]) -> str:
+    rows = [["Metric", *(name for name, _ in columns)]]
+    ok = [f"{m['completed']} / {m['completed'] + m['failed']}" for _, m in columns]
+    rows.append(["Successful requests", *ok])
+    for label, key, scale, fmt in _ROWS:
+        rows.append([label, *(_cell(m, key, scale, fmt) for _, m in columns)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+    def line(r: list[str]) -> str:
+        cells = [r[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+        ]
+        return "| " + " | ".join(cells) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([title, line(rows[0]), sep, *(line(r) for r in rows[1:])])
+
+
+def _label(run: Mapping[str, Any]) -> str:
+    return str(run.get("policy") or "target")
+
+
+def render_tables(report: Mapping[str, Any]) -> str:
+    """The terminal report: overall table, one table per class, shadow agreement lines."""
+    runs = report["runs"]
+    cols: list[tuple[str, Mapping[str, Any]]] = []
+    for run in runs:
+        cols.append((_label(run), run["overall"]))
+        if "shadow" in run:
+            cols.append((_label(run) + " (shadow)", run["shadow"]["overall"]))
+    out = [_table(f"All requests ({report['mode']}, {report['target']})", cols)]
+    classes = sorted({c for run in runs for c in run["by_class"]})
+    for cls in classes:
+        cols = []
+        for run in runs:
+            if cls in run["by_class"]:
+                cols.append((_label(run), run["by_class"][cls]))
+            if cls in run.get("shadow", {}).get("by_class", {}):
+                cols.append((_label(run) + " (shadow)", run["shadow"]["by_class"][cls]))
+        out.append(_table(f"Class {cls}", cols))
+    for run in runs:
+        if "shadow" in run:
+            a = run["shadow"]["agreement"]
+            text = "n/a" if a["text"] is None else f"{a['text']:.1%} of {a['text_compared']}"
+            out.append(
+                f"Shadow agreement ({_label(run)} vs {run['shadow']['target']}, "
+                f"{a['compared']} pairs): status {a['status']:.1%}, finish_reason "
+                f"{a['finish_reason']:.1%}, output tokens {a['output_tokens']:.1%}, "
+                f"text at temperature 0 {text}"
+            )
+    return "\n\n".join(out)

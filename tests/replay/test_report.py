@@ -1,0 +1,99 @@
+"""Metrics as vLLM's benchmark defines them, the table's shape, shadow agreement."""
+
+from __future__ import annotations
+
+import pytest
+
+from replay.client import Result
+from replay.report import Acc, RunReport, percentile, render_tables
+
+
+def _ok(cid: str, ttft: float, e2e: float, tokens: int, **kw: object) -> Result:
+    gap = (e2e - ttft) / (tokens - 1)
+    base: dict[str, object] = {
+        "custom_id": cid,
+        "request_class": "interactive",
+        "status": 200,
+        "stream": True,
+        "lag": 0.001,
+        "backend": "vllm",
+        "ttft": ttft,
+        "e2e": e2e,
+        "itls": [gap] * (tokens - 1),
+        "prompt_tokens": 10,
+        "completion_tokens": tokens,
+        "finish_reason": "length",
+    }
+    base.update(kw)
+    return Result(**base)  # type: ignore[arg-type]
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    vals = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(vals, 50) == 2.5
+    assert percentile(vals, 95) == pytest.approx(3.85)
+    assert percentile(vals, 0) == 1.0 and percentile(vals, 100) == 4.0
+    assert percentile([], 50) is None
+
+
+def test_metrics_follow_the_definitions() -> None:
+    acc = Acc()
+    acc.add(_ok("a", 0.1, 1.1, 11))  # tpot = 1.0 / 10 = 0.1
+    acc.add(_ok("b", 0.3, 0.7, 5))  # tpot = 0.4 / 4 = 0.1
+    acc.add(Result("c", "interactive", 503, False, 0.002, error={"message": "x"}))
+    m = acc.metrics(duration=2.0)
+    assert m["completed"] == 2 and m["failed"] == 1
+    assert m["output_throughput"] == 8.0  # 16 tokens / 2 s
+    assert m["total_token_throughput"] == 18.0
+    assert m["request_throughput"] == 1.0
+    assert m["mean_ttft_ms"] == pytest.approx(200.0)
+    assert m["mean_tpot_ms"] == pytest.approx(100.0)
+    assert m["mean_itl_ms"] == pytest.approx(100.0)
+    assert m["mean_e2el_ms"] == pytest.approx(900.0)
+    assert m["p99_e2el_ms"] == pytest.approx(1096.0)
+    assert m["send_lag_p50_ms"] == pytest.approx(1.0)
+
+
+def test_table_has_the_b200_rows_per_run_and_class() -> None:
+    runs = []
+    for policy, ttft in (("round-robin", 0.5), ("adaptive", 0.2)):
+        run = RunReport(policy)
+        run.add(_ok("a", ttft, 2.0, 10))
+        run.add(_ok("b", ttft, 3.0, 10, request_class="batch", backend="deepinfer"))
+        run.duration = 4.0
+        runs.append(run.to_dict())
+    report = {"mode": "timed", "target": "http://t", "runs": runs}
+    text = render_tables(report)
+    for row in (
+        "Successful requests",
+        "Output throughput (tokens/s)",
+        "Mean TTFT (s)",
+        "P95 TTFT (s)",
+        "Mean inter-token latency (ms)",
+        "Mean TPOT (ms)",
+        "Mean end-to-end latency (s)",
+        "P95 end-to-end latency (s)",
+    ):
+        assert text.count(row) == 3  # overall, batch, interactive
+    header = text.splitlines()[1]
+    assert header.index("round-robin") < header.index("adaptive")
+    assert "Class batch" in text and "Class interactive" in text
+    assert runs[0]["by_backend"] == {"deepinfer": {"requests": 1}, "vllm": {"requests": 1}}
+    assert runs[1]["overall"]["mean_ttft_ms"] == pytest.approx(200.0)
+
+
+def test_shadow_agreement() -> None:
+    run = RunReport("p", shadow_target="http://s")
+    a = _ok("a", 0.1, 1.0, 10, text="hello")
+    run.add(a)
+    run.add_shadow(a, _ok("a", 0.2, 1.0, 10, text="hello"), deterministic=True)
+    b = _ok("b", 0.1, 1.0, 10, text="x")
+    run.add(b)
+    run.add_shadow(b, _ok("b", 0.2, 1.0, 9, text="y", finish_reason="stop"), deterministic=True)
+    run.duration = 1.0
+    d = run.to_dict()
+    ag = d["shadow"]["agreement"]
+    assert ag["compared"] == 2 and ag["status"] == 1.0
+    assert ag["finish_reason"] == 0.5 and ag["output_tokens"] == 0.5 and ag["text"] == 0.5
+    assert d["shadow"]["overall"]["mean_ttft_ms"] == pytest.approx(200.0)
+    assert "Shadow agreement" in render_tables({"mode": "timed", "target": "t", "runs": [d]})
