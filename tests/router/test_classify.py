@@ -1,0 +1,137 @@
+"""Classification order and request validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from policies.types import Endpoint, RequestClass
+from router.classify import classify, parse_body
+from router.config import ClassificationSettings, Rule
+from router.errors import RouterError
+
+RULES = ClassificationSettings(
+    default="interactive",
+    rules=(
+        Rule("batch", stream=False, max_tokens_at_least=1024),
+        Rule("batch", prompt_tokens_at_least=100),
+        Rule("batch", endpoint="embeddings"),
+    ),
+)
+
+
+def run(
+    doc: dict[str, Any],
+    *,
+    endpoint: Endpoint = "chat",
+    header: str | None = None,
+    key: RequestClass | None = None,
+    settings: ClassificationSettings = RULES,
+) -> str:
+    parsed = classify(
+        parse_body(orjson.dumps(doc), endpoint),
+        endpoint,
+        request_id="r",
+        header_class=header,
+        key_class=key,
+        session_key=None,
+        settings=settings,
+    )
+    return parsed.info.request_class
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_order_header_then_key_then_tier_then_rules() -> None:
+    big = chat(max_tokens=4096)
+    assert run(big) == "batch"  # rule
+    assert run(big, header="interactive") == "interactive"  # header beats everything
+    assert run(big, key="interactive") == "interactive"  # key beats tier and rules
+    assert run(chat(service_tier="flex")) == "batch"
+    assert run(chat(service_tier="flex"), key="interactive") == "interactive"
+    assert run(chat(), header=" Batch ") == "batch"
+
+
+def test_rules_need_all_conditions() -> None:
+    assert run(chat(max_tokens=4096, stream=True)) == "interactive"
+    assert run(chat(max_completion_tokens=2000, max_tokens=10)) == "batch"
+    assert run(chat(max_tokens=1023)) == "interactive"
+    long = [{"role": "user", "content": "word " * 200}]
+    assert run({"model": "m", "messages": long, "stream": True}) == "batch"
+    assert run({"model": "m", "input": "x"}, endpoint="embeddings") == "batch"
+
+
+def test_header_ignored_when_not_honoured() -> None:
+    settings = ClassificationSettings(honor_header=False, flex_is_batch=False)
+    assert run(chat(service_tier="flex"), header="batch", settings=settings) == "interactive"
+
+
+def test_bad_class_header() -> None:
+    with pytest.raises(RouterError) as exc:
+        run(chat(), header="urgent")
+    assert exc.value.status == 400
+
+
+def test_request_info_fields() -> None:
+    doc = chat(max_tokens=7, stream=True, stream_options={"include_usage": True})
+    parsed = classify(
+        parse_body(orjson.dumps(doc), "chat"),
+        "chat",
+        request_id="rid",
+        header_class=None,
+        key_class=None,
+        session_key="s",
+        settings=RULES,
+    )
+    info = parsed.info
+    assert (info.request_id, info.model, info.stream, info.max_tokens) == ("rid", "m", True, 7)
+    assert info.prompt_tokens == 4 + 1 + 2  # message overhead + "hi" + reply overhead
+    assert info.session_key == "s" and info.prefix_hash is not None
+    assert parsed.include_usage
+
+
+def test_completion_prompt_as_token_ids() -> None:
+    parsed = classify(
+        parse_body(b'{"model":"m","prompt":[1,2,3,4]}', "completions"),
+        "completions",
+        request_id="r",
+        header_class=None,
+        key_class=None,
+        session_key=None,
+        settings=RULES,
+    )
+    assert parsed.info.prompt_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "endpoint", "param"),
+    [
+        (b"", "chat", None),
+        (b"nope", "chat", None),
+        (b'"x"', "chat", None),
+        (b'{"messages":[{"content":"x"}]}', "chat", "model"),
+        (b'{"model":"","messages":[{"content":"x"}]}', "chat", "model"),
+        (b'{"model":"m","messages":[]}', "chat", "messages"),
+        (b'{"model":"m","messages":["x"]}', "chat", "messages"),
+        (b'{"model":"m"}', "completions", "prompt"),
+        (b'{"model":"m","prompt":5}', "completions", "prompt"),
+        (b'{"model":"m"}', "embeddings", "input"),
+        (b'{"model":"m","prompt":"x","stream":1}', "completions", "stream"),
+        (b'{"model":"m","prompt":"x","max_tokens":true}', "completions", "max_tokens"),
+        (
+            b'{"model":"m","prompt":"x","max_completion_tokens":1.5}',
+            "completions",
+            "max_completion_tokens",
+        ),
+        (b'{"model":"m","prompt":"x","stream_options":[]}', "completions", "stream_options"),
+    ],
+)
+def test_bad_bodies_are_400_with_param(body: bytes, endpoint: Endpoint, param: str | None) -> None:
+    with pytest.raises(RouterError) as exc:
+        parse_body(body, endpoint)
+    assert exc.value.status == 400
+    assert exc.value.param == param

@@ -1,0 +1,142 @@
+"""Config loading: the embedded default is valid; every error is reported with its path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from router.cli import default_config_path, load_checked
+from router.config import ConfigError, parse_config
+from tests.router.harness import base_config, write_config
+
+GOOD = base_config([("a", "vllm", "http://127.0.0.1:1"), ("b", "deepinfer", "http://127.0.0.1:2")])
+
+
+def errors_of(doc: Any) -> dict[str, str]:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(doc)
+    return dict(exc.value.errors)
+
+
+def test_embedded_default_is_valid() -> None:
+    config = load_checked(default_config_path())
+    assert config.default_policy == "adaptive"
+    assert {p.name for p in config.policies} >= {
+        "adaptive", "class-split", "round-robin", "least-outstanding", "vllm-only", "deepinfer-only"
+    }  # fmt: skip
+    assert {b.emulator.profile for b in config.backends if b.emulator} == {"vllm", "deepinfer"}
+    assert (config.listen.host, config.listen.port) == ("127.0.0.1", 8080)
+
+
+def test_good_config_round_trips_values() -> None:
+    doc = dict(GOOD, timeouts={"batch": {"first_byte": 9, "idle": None}})
+    config = parse_config(doc)
+    assert [b.url for b in config.backends] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert config.timeouts_for("batch").first_byte == 9.0
+    assert config.timeouts_for("batch").idle is None
+    assert config.timeouts_for("interactive").first_byte == 60.0
+
+
+def test_every_error_reported_with_its_path() -> None:
+    doc = {
+        "listen": {"port": 70000, "hots": "x"},
+        "backends": [
+            {"name": "a", "engine": "vllm", "url": "ftp://x"},
+            {"name": "a", "engine": "vllm", "max_inflight": 0},
+            {"engine": 3, "url": "http://h:1", "emulator": {"profile": "vllm"}},
+        ],
+        "aliases": {"m": {"zzz": "model"}},
+        "classification": {
+            "default": "urgent",
+            "rules": [{"class": "batch"}, {"class": "x", "stream": 1}],
+        },
+        "policies": {"p": {"params": {}}},
+        "default_policy": "q",
+        "timeouts": {"interactive": {"connect": -1}, "other": {}},
+        "capture": {"sample_rate": 2, "headers": ["Authorization"]},
+        "surprise": 1,
+    }
+    errs = errors_of(doc)
+    expected = [
+        "listen.port",
+        "listen.hots",
+        "backends[0].url",
+        "backends[1].name",
+        "backends[1].url",
+        "backends[1].max_inflight",
+        "backends[2]",
+        "backends[2].name",
+        "backends[2].engine",
+        "aliases.m.zzz",
+        "classification.default",
+        "classification.rules[0]",
+        "classification.rules[1].class",
+        "classification.rules[1].stream",
+        "policies.p.type",
+        "default_policy",
+        "timeouts.interactive.connect",
+        "timeouts.other",
+        "capture.path",
+        "capture.sample_rate",
+        "capture.headers",
+        "surprise",
+    ]
+    assert sorted(errs) == sorted(expected)
+    assert "unknown key" in errs["surprise"]
+    assert "duplicate" in errs["backends[1].name"]
+
+
+@pytest.mark.parametrize(
+    ("doc", "path"),
+    [
+        (None, ""),
+        ([], ""),
+        ({"backends": [], "policies": {}, "default_policy": "x"}, "backends"),
+        ({"policies": {}, "default_policy": "x"}, "backends"),
+        (dict(GOOD, failover={"max_attempts": 0}), "failover.max_attempts"),
+        (dict(GOOD, health={"interval": "fast"}), "health.interval"),
+        (dict(GOOD, require_api_key="yes"), "require_api_key"),
+        (dict(GOOD, api_keys=[{"name": "k"}]), "api_keys[0].env"),
+    ],
+)
+def test_single_errors(doc: Any, path: str) -> None:
+    assert path in errors_of(doc)
+
+
+def test_policy_errors_come_from_the_registry_with_full_paths(tmp_path: Path) -> None:
+    doc = dict(GOOD)
+    doc["policies"] = {
+        **GOOD["policies"],
+        "bad-split": {"type": "class-split", "params": {"interactive": ["nope"]}},
+        "bad-type": {"type": "least-qeue"},
+    }
+    path = write_config(tmp_path, doc)
+    with pytest.raises(ConfigError) as exc:
+        load_checked(path)
+    paths = [p for p, _ in exc.value.errors]
+    assert "policies.bad-split.params.interactive[0]" in paths
+    assert "policies.bad-split.params.batch" in paths
+    assert "policies.bad-type.type" in paths
+
+
+def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
+    good = write_config(tmp_path, GOOD, "good.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"backends": [{"name": "a"}], "policies": {}}))
+    argv = [sys.executable, "-m", "router", "check-config"]
+    ok = subprocess.run([*argv, str(good)], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    res = subprocess.run([*argv, str(bad)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "backends[0].engine: missing" in res.stderr
+    assert "backends[0].url: missing (or give emulator)" in res.stderr
+    assert "default_policy: missing" in res.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("backends: [\n")
+    res = subprocess.run([*argv, str(broken)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "not valid YAML" in res.stderr

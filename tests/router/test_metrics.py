@@ -1,0 +1,43 @@
+"""The metrics facade: names and labels of INTERFACES.md, a registry of its own."""
+
+from __future__ import annotations
+
+from router.metrics import Metrics
+
+
+def sample(m: Metrics, name: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(name, labels)
+
+
+def test_request_done_records_every_series() -> None:
+    m = Metrics()
+    lab = {"policy": "p", "backend": "b", "class": "interactive"}
+    m.request_done("p", "b", "interactive", 200, ttft=0.05, tpot=0.01, e2e=1.0,
+                   prompt_tokens=10, output_tokens=20)  # fmt: skip
+    m.request_done("p", "b", "interactive", 503, ttft=None, tpot=None, e2e=0.1,
+                   prompt_tokens=None, output_tokens=None)  # fmt: skip
+    assert sample(m, "switchyard_requests_total", **lab, code="200") == 1
+    assert sample(m, "switchyard_requests_total", **lab, code="503") == 1
+    assert sample(m, "switchyard_time_to_first_token_seconds_count", **lab) == 1
+    assert sample(m, "switchyard_time_to_first_token_seconds_bucket", **lab, le="0.05") == 1
+    assert sample(m, "switchyard_time_to_first_token_seconds_bucket", **lab, le="0.04") == 0
+    assert sample(m, "switchyard_e2e_request_latency_seconds_count", **lab) == 2
+    assert sample(m, "switchyard_prompt_tokens_total", **lab) == 10
+    assert sample(m, "switchyard_output_tokens_total", **lab) == 20
+
+
+def test_gauges_read_live_state_and_registries_are_separate() -> None:
+    m, other = Metrics(), Metrics()
+    value = [3.0]
+    m.watch_backend("b", lambda: value[0], lambda: 1.0)
+    value[0] = 5.0
+    assert sample(m, "switchyard_inflight_requests", backend="b") == 5.0
+    assert sample(m, "switchyard_backend_up", backend="b") == 1.0
+    assert sample(other, "switchyard_inflight_requests", backend="b") is None
+    m.failover("p", "b")
+    m.decision("p", 2e-5)
+    m.capture_dropped()
+    text = m.render().decode()
+    assert 'switchyard_failovers_total{backend="b",policy="p"} 1.0' in text
+    assert 'switchyard_policy_decision_seconds_count{policy="p"} 1.0' in text
+    assert "switchyard_capture_dropped_total 1.0" in text
