@@ -1,0 +1,153 @@
+"""The replay CLI as a real process against real emulators over loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from common.capture import CaptureRecord, dump_line, parse_line
+from tests.procs import ROOT, Process, start_emulator
+
+TRACES = ROOT.parent / "shared" / "traces"  # shared/ sits beside the checkout
+AZURE = TRACES / "azure-2023" / "AzureLLMInferenceTrace_conv.csv"
+MOONCAKE = TRACES / "mooncake" / "synthetic_trace.jsonl"
+BATCH = TRACES / "formats" / "openai-batch-synthetic.jsonl"
+MODEL = "deepseek-v4.1-flash"
+
+
+@pytest.fixture(scope="module")
+def emus() -> Iterator[tuple[Process, Process]]:
+    with (
+        start_emulator("vllm", time_scale=50, seed=3) as a,
+        start_emulator("vllm", time_scale=50, seed=3) as b,
+    ):
+        yield a, b
+
+
+def replay(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replay", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_azure_rows_replay_at_their_recorded_lengths(
+    emus: tuple[Process, Process], tmp_path: Path
+) -> None:
+    out, results = tmp_path / "report.json", tmp_path / "results.jsonl"
+    args = [str(AZURE), "--target", emus[0].url, "--max-requests", "25", "--speed", "20"]
+    p = replay(*args, "--out", str(out), "--results", str(results))
+    assert p.returncode == 0, p.stderr
+    assert "Successful requests" in p.stdout and "25 / 25" in p.stdout
+    assert "\r" not in p.stdout  # no progress line when stdout is not a terminal
+    expected = []
+    for line in AZURE.read_text().splitlines()[1:26]:
+        _, ctx, gen = line.split(",")
+        expected.append((int(ctx), int(gen)))
+    got = {}
+    for line in results.read_bytes().splitlines():
+        rec = parse_line(line)
+        assert rec.resp is not None and rec.obs is not None and rec.obs.send_lag_ms is not None
+        got[int(rec.custom_id.split("-")[1])] = (rec.resp.prompt_tokens, rec.resp.completion_tokens)
+    assert [got[i] for i in range(25)] == expected
+    report = orjson.loads(out.read_bytes())
+    assert report["format"] == "azure" and report["mode"] == "timed"
+    m = report["runs"][0]["overall"]
+    assert m["completed"] == 25 and m["failed"] == 0
+    assert m["total_output_tokens"] == sum(g for _, g in expected)
+    for key in ("mean_ttft_ms", "p95_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "p99_e2el_ms"):
+        assert m[key] is not None and m[key] > 0
+    assert m["send_lag_p99_ms"] is not None
+
+
+def test_batch_file_closed_loop(emus: tuple[Process, Process], tmp_path: Path) -> None:
+    refused = replay(str(BATCH), "--target", emus[0].url)
+    assert refused.returncode == 2 and "--concurrency" in refused.stderr
+    out = tmp_path / "r.json"
+    p = replay(str(BATCH), "--target", emus[0].url, "--concurrency", "4", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    report = orjson.loads(out.read_bytes())
+    assert report["mode"] == "closed" and report["format"] == "openai-batch"
+    m = report["runs"][0]["overall"]
+    assert m["completed"] == 12
+    assert m["send_lag_p99_ms"] is None  # closed loop has no schedule to be late against
+
+
+def test_shadow_target_compares_answers(emus: tuple[Process, Process], tmp_path: Path) -> None:
+    cap = tmp_path / "cap.jsonl"
+    with cap.open("wb") as f:
+        for i in range(8):
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"Question {i}: why route?"}],
+                "max_tokens": 12,
+                "temperature": 0,
+                "stream": i % 2 == 0,
+            }
+            f.write(dump_line(CaptureRecord(f"q{i}", "/v1/chat/completions", body, t_offset_ms=i)))
+    out = tmp_path / "r.json"
+    args = ["--target", emus[0].url, "--shadow-target", emus[1].url, "--out", str(out)]
+    p = replay(str(cap), *args)
+    assert p.returncode == 0, p.stderr
+    assert "(shadow)" in p.stdout and "Shadow agreement" in p.stdout
+    shadow = orjson.loads(out.read_bytes())["runs"][0]["shadow"]
+    assert shadow["target"] == emus[1].url
+    assert shadow["overall"]["completed"] == 8
+    ag = shadow["agreement"]
+    assert ag["compared"] == 8 and ag["text_compared"] == 8
+    assert ag["status"] == 1.0 and ag["output_tokens"] == 1.0
+    # two emulators with the same profile and seed generate the same text
+    assert ag["text"] == 1.0
+
+
+def test_dry_run_and_bad_input(tmp_path: Path) -> None:
+    p = replay(str(MOONCAKE), "--dry-run", "--speed", "10", "--max-gap", "0.5")
+    assert p.returncode == 0, p.stderr
+    assert "requests    3993" in p.stdout and "mooncake" in p.stdout
+    assert "largest gap 0.212" in p.stdout
+    missing = replay(str(tmp_path / "nope.jsonl"))
+    assert missing.returncode == 2 and "replay:" in missing.stderr
+    bad = replay(str(MOONCAKE), "--window", "5:1")
+    assert bad.returncode == 2 and "START < END" in bad.stderr
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def test_convert_writes_a_capture_with_shared_prefixes(tmp_path: Path) -> None:
+    cap = tmp_path / "mooncake.jsonl"
+    p = replay("convert", str(MOONCAKE), "-o", str(cap), "--model", MODEL)
+    assert p.returncode == 0, p.stderr
+    lines = cap.read_bytes().splitlines()
+    assert len(lines) == 3993
+    first = orjson.loads(lines[0])
+    assert list(first)[:4] == ["custom_id", "method", "url", "body"]
+    assert first["resp"]["usage"] == {"prompt_tokens": 40160, "completion_tokens": 6}
+    n = 130
+    words = [parse_line(line).body["messages"][0]["content"].split() for line in lines[:n]]
+    hashes = [orjson.loads(line)["hash_ids"] for line in MOONCAKE.read_bytes().splitlines()[:n]]
+    checked = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            k = _common(hashes[i], hashes[j])
+            if k and k < min(len(hashes[i]), len(hashes[j])):
+                # k shared 512-token blocks: the same 512 * k leading words, then different
+                assert words[i][: 512 * k] == words[j][: 512 * k]
+                assert words[i][512 * k : 512 * (k + 1)] != words[j][512 * k : 512 * (k + 1)]
+                checked += 1
+            elif not k:
+                assert words[i][:16] != words[j][:16]
+    assert checked >= 3
