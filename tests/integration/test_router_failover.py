@@ -1,0 +1,172 @@
+"""Failover before the first byte, ejection, timeouts and disconnects, with real processes."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from router.engines import parse_samples
+from tests.procs import Process, start_emulator
+from tests.router.harness import base_config, client_for, get, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+CHAT = [{"role": "user", "content": "Tell me a long story."}]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: object, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def metric(text: str, pattern: str) -> float:
+    m = re.search(pattern + r" ([0-9.e+-]+)", text)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture(scope="module")
+def good() -> Iterator[Process]:
+    with start_emulator("vllm", time_scale=20) as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
+def flaky() -> Iterator[Process]:
+    with start_emulator(
+        "deepinfer", time_scale=20, args=["--error-rate", "1", "--error-status", "503"]
+    ) as emu:
+        yield emu
+
+
+def test_refused_then_503_then_success(good: Process, flaky: Process, tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    doc = base_config(
+        [("dead", "vllm", dead), ("flaky", "deepinfer", flaky.url), ("good", "sglang", good.url)]
+    )
+    doc["health"] = {"interval": 30, "failures_to_eject": 50}
+    with start_router(write_config(tmp_path, doc)) as router:
+        raw = client_for(router.url).chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=4,  # type: ignore[arg-type]
+        )
+        assert raw.headers["x-switchyard-backend"] == "good"
+        assert raw.parse().choices[0].message.content
+        text = get(router.url + "/metrics").text
+    assert metric(text, r'switchyard_failovers_total\{backend="dead",policy="class-split"\}') == 1
+    assert metric(text, r'switchyard_failovers_total\{backend="flaky",policy="class-split"\}') == 1
+    assert metric(text, r'switchyard_failovers_total\{backend="good",policy="class-split"\}') == 0
+
+
+def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path) -> None:
+    with start_emulator("vllm", time_scale=20) as victim:
+        doc = base_config([("victim", "vllm", victim.url), ("good", "deepinfer", good.url)])
+        doc["health"] = {"interval": 0.1, "timeout": 0.5, "failures_to_eject": 2, "cooldown": 60}
+        with start_router(write_config(tmp_path, doc)) as router:
+            client = client_for(router.url)
+            first = client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=CHAT,
+                max_tokens=3,  # type: ignore[arg-type]
+            )
+            assert first.headers["x-switchyard-backend"] == "victim"
+            victim.proc.kill()
+            victim.proc.wait(10)
+            for _ in range(3):
+                again = client.chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=CHAT,
+                    max_tokens=3,  # type: ignore[arg-type]
+                )
+                assert again.headers["x-switchyard-backend"] == "good"
+
+            def victim_down() -> bool:
+                backends = {b["name"]: b for b in get(router.url + "/switchyard/backends").json()}
+                return not backends["victim"]["healthy"] and backends["good"]["healthy"]
+
+            assert wait_for(victim_down)
+            assert get(router.url + "/ready").status == 200
+            text = get(router.url + "/metrics").text
+            assert 'switchyard_backend_up{backend="victim"} 0.0' in text
+
+
+def test_no_healthy_backend_is_503_and_not_ready(tmp_path: Path) -> None:
+    doc = base_config([("dead", "vllm", f"http://127.0.0.1:{free_port()}")])
+    doc["health"] = {"interval": 0.05, "timeout": 0.2, "failures_to_eject": 1}
+    with start_router(write_config(tmp_path, doc)) as router:
+        assert wait_for(lambda: get(router.url + "/ready").status == 503)
+        with pytest.raises(openai.APIStatusError) as exc:
+            client_for(router.url).chat.completions.create(model=MODEL, messages=CHAT)  # type: ignore[arg-type]
+        assert exc.value.status_code == 503
+
+
+def test_stall_before_headers_times_out_on_each_backend(good: Process, tmp_path: Path) -> None:
+    with start_emulator("deepinfer", time_scale=20) as other:
+        doc = base_config([("a", "vllm", good.url), ("b", "deepinfer", other.url)])
+        doc["timeouts"] = {"interactive": {"first_byte": 0.3}}
+        doc["health"] = {"interval": 30, "failures_to_eject": 50}
+        with start_router(write_config(tmp_path, doc)) as router:
+            client = client_for(router.url, **{"X-Emulator-Fault": "stall=3"})
+            with pytest.raises(openai.APIStatusError) as exc:
+                client.chat.completions.create(
+                    model=MODEL,
+                    messages=CHAT,
+                    stream=True,  # type: ignore[arg-type]
+                )
+            assert exc.value.status_code == 504
+            text = get(router.url + "/metrics").text
+            assert (
+                metric(text, r'switchyard_failovers_total\{backend="a",policy="class-split"\}') == 1
+            )
+
+
+def running(emu: Process) -> float:
+    name = "vllm:num_requests_running"
+    return parse_samples(get(emu.url + "/metrics").text, frozenset({name})).get(name, 0.0)
+
+
+def test_client_disconnect_frees_the_engine_slot(tmp_path: Path) -> None:
+    with start_emulator("vllm", time_scale=2) as emu:
+        doc = base_config([("only", "vllm", emu.url)])
+        with start_router(write_config(tmp_path, doc)) as router:
+            host, port = router.url.removeprefix("http://").split(":")
+            body = (
+                b'{"model":"deepseek-v4.1-flash","messages":[{"role":"user","content":"x"}],'
+                b'"max_tokens":4000,"stream":true}'
+            )
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(head + body)
+                got = b""
+                while got.count(b"data:") < 3:
+                    data = sock.recv(65536)
+                    assert data, "router closed the stream early"
+                    got += data
+                assert running(emu) == 1
+                inflight = get(router.url + "/switchyard/backends").json()[0]["inflight"]
+                assert inflight == 1
+            assert wait_for(lambda: running(emu) == 0, timeout=5)
+            assert wait_for(
+                lambda: get(router.url + "/switchyard/backends").json()[0]["inflight"] == 0
+            )
+            text = get(router.url + "/metrics").text
+            assert 'code="499"' in text
