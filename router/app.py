@@ -92,7 +92,7 @@ def _routes(app: web.Application, state: RouterState) -> None:
         return _json({"object": "list", "data": data})
 
     async def health(_: web.Request) -> web.Response:
-        return _json({"status": "ok"})
+        return _json({"status": "ok", "pid": os.getpid()})
 
     async def ready(_: web.Request) -> web.Response:
         healthy = [b.name for b in state.pool.backends if b.healthy]
