@@ -3,8 +3,9 @@
 * Interactive requests go to the low-TTFT pool, unless its best predicted TTFT is over the
   interactive SLO and the high-throughput pool predicts better; then that pool comes first.
 * Batch requests go to the high-throughput pool, and spill onto a low-TTFT replica only
-  while (a) work is queued on the high-throughput pool (over ``min_queue_s`` of predicted
-  wait) and the batch would start sooner on the replica, (b) an interactive request arriving
+  while (a) every high-throughput replica already holds ``min_high_inflight`` requests and
+  the batch is predicted to finish sooner on the low-TTFT replica (predicted TTFT plus its
+  output budget at the replica's learned time per output token), (b) an interactive request arriving
   next would still be predicted under ``headroom`` x its TTFT SLO, and (c) the replica holds
   fewer spilled batch requests than the spill limit. The limit adapts to the interactive SLO
   attainment seen on the low-TTFT pool (see :class:`SpillGovernor`). Spilled requests on
@@ -24,7 +25,13 @@ from dataclasses import dataclass, field
 
 from policies.affinity import affinity_key, home
 from policies.params import BuildContext, Params
-from policies.predictor import TtftPredictor, queued_prefill_tokens, read_predictor
+from policies.predictor import (
+    TpotTracker,
+    TtftPredictor,
+    queued_prefill_tokens,
+    read_predictor,
+    read_tpot,
+)
 from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo
 
 # How fast the typical interactive prompt size (used for the headroom check) follows traffic.
@@ -55,7 +62,7 @@ class SpillSettings:
     enabled: bool = True
     headroom: float = 0.5
     max_inflight: int = 4
-    min_queue_s: float = 0.0
+    min_high_inflight: int = 1
     min_attainment: float = 0.95
     window: int = 50
     priority: int = 10
@@ -122,6 +129,7 @@ class AdaptivePolicy:
     name: str
     settings: AdaptiveSettings
     predictor: TtftPredictor
+    tpot: TpotTracker
     engines: dict[str, str]
     """Backend name -> engine kind, for outcomes of backends not in the last snapshot."""
     type: str = "adaptive"
@@ -225,16 +233,15 @@ class AdaptivePolicy:
             return low[0]  # nothing else can serve it; still mark it low priority
         if not spill.enabled:
             return None
-        soonest = min(high, key=lambda c: predicted[c.name])
-        best_high = predicted[soonest.name]
-        queue_s = ahead[soonest.name] / self.predictor.rate(soonest.name)
-        if queue_s <= spill.min_queue_s:
-            return None  # the high-throughput pool can start it now: no reason to borrow
+        if any(c.inflight < spill.min_high_inflight for c in high):
+            return None  # the high-throughput pool still has room of its own: no borrowing
+        out = req.expected_output_tokens
+        best_high = min(predicted[c.name] + out * self.tpot.tpot(c.name) for c in high)
         slo_ttft = self.settings.slo["interactive"].ttft_s
         for c in low:
             if c.saturated or self._spilled_count.get(c.name, 0) >= self.governor.allowed:
                 continue
-            if predicted[c.name] >= best_high:
+            if predicted[c.name] + out * self.tpot.tpot(c.name) >= best_high:
                 continue
             own = (
                 min(req.prompt_tokens, spill.priority_prefill_tokens)
@@ -270,6 +277,7 @@ class AdaptivePolicy:
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn prefill rates, release spill slots, and track interactive attainment."""
         self.predictor.observe(req, backend, outcome)
+        self.tpot.observe(req, backend, outcome)
         if req.request_id in self._spilled:
             self._forget_spill(req.request_id)
         if req.request_class != "interactive" or not req.stream:
@@ -300,7 +308,7 @@ def _spill(p: Params) -> SpillSettings:
         enabled=p.flag("enabled", d.enabled),
         headroom=p.number("headroom", d.headroom, low=0.0, high=1.0),
         max_inflight=p.integer("max_inflight", d.max_inflight),
-        min_queue_s=p.number("min_queue_s", d.min_queue_s, low=0.0),
+        min_high_inflight=p.integer("min_high_inflight", d.min_high_inflight),
         min_attainment=p.number("min_attainment", d.min_attainment, low=0.0, high=1.0),
         window=p.integer("window", d.window, low=1),
         priority=p.integer("priority", d.priority),
@@ -337,5 +345,7 @@ def make_adaptive(name: str, p: Params, ctx: BuildContext) -> AdaptivePolicy:
         typical_prompt_tokens=p.number("typical_prompt_tokens", 1000.0, low=1.0),
     )
     predictor = read_predictor(p, ctx)
+    tpot = read_tpot(p, ctx, predictor.alpha)
     p.done()
-    return AdaptivePolicy(name, settings, predictor, {b.name: b.engine for b in ctx.backends})
+    engines = {b.name: b.engine for b in ctx.backends}
+    return AdaptivePolicy(name, settings, predictor, tpot, engines)

@@ -88,8 +88,11 @@ class Params:
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.error(key, f"expected a number, got {type_name(value)}")
             return default
-        if (low is not None and value < low) or (high is not None and value > high):
-            self.error(key, f"{value} is out of range [{low}, {high}]")
+        if low is not None and value < low:
+            self.error(key, f"{value} is below the minimum {low:g}")
+            return default
+        if high is not None and value > high:
+            self.error(key, f"{value} is above the maximum {high:g}")
             return default
         return float(value)
 

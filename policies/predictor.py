@@ -113,20 +113,57 @@ class TtftPredictor:
         rate.seconds = (1 - self.alpha) * rate.seconds + self.alpha * ttft
 
 
+@dataclass(slots=True)
+class TpotTracker:
+    """Each backend's time per output token: an EWMA over streamed outcomes, from a prior.
+
+    Used to predict when a request would finish (TTFT + output tokens x TPOT); the engines'
+    decode speed under their current load is what decides whether borrowing one pays off.
+    """
+
+    priors: Mapping[str, float]
+    default_prior: float = 0.01
+    alpha: float = 0.1
+    _tpot: dict[str, float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._tpot = dict(self.priors)
+
+    def tpot(self, backend: str) -> float:
+        """Seconds per output token expected on ``backend``."""
+        return self._tpot.get(backend, self.default_prior)
+
+    def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        """Learn from a finished streamed request that produced at least two tokens."""
+        if not req.stream or not outcome.ok or outcome.tpot_s is None or outcome.tpot_s <= 0:
+            return
+        old = self.tpot(backend)
+        self._tpot[backend] = old + self.alpha * (outcome.tpot_s - old)
+
+
+def _per_engine(p: Params, ctx: BuildContext, key: str, default: float) -> dict[str, float]:
+    """``key``: one number for every backend, or a mapping engine kind -> number (others get
+    ``default``). Returns backend name -> value."""
+    by_engine: dict[str, float] = {}
+    if isinstance(p.raw_value(key), Mapping):
+        values = p.child(key)
+        for engine in ctx.engines:
+            if values.has(engine):
+                by_engine[engine] = values.number(engine, default, low=1e-6)
+        values.done()
+    else:
+        default = p.number(key, default, low=1e-6)
+    return {b.name: by_engine.get(b.engine, default) for b in ctx.backends}
+
+
 def read_predictor(p: Params, ctx: BuildContext) -> TtftPredictor:
     """Params ``prefill_rate_prior`` (tokens/s: one number, or per engine kind) and
     ``learning_rate`` (the weight of each observation, default 0.1)."""
-    raw = p.raw_value("prefill_rate_prior")
-    by_engine: dict[str, float] = {}
-    default = DEFAULT_PRIOR
-    if isinstance(raw, Mapping):
-        rates = p.child("prefill_rate_prior")
-        for engine in ctx.engines:
-            if rates.has(engine):
-                by_engine[engine] = rates.number(engine, DEFAULT_PRIOR, low=1.0)
-        rates.done()
-    else:
-        default = p.number("prefill_rate_prior", DEFAULT_PRIOR, low=1.0)
+    priors = _per_engine(p, ctx, "prefill_rate_prior", DEFAULT_PRIOR)
     alpha = p.number("learning_rate", 0.1, low=0.001, high=1.0)
-    priors = {b.name: by_engine.get(b.engine, default) for b in ctx.backends}
-    return TtftPredictor(priors, default_prior=default, alpha=alpha)
+    return TtftPredictor(priors, alpha=alpha)
+
+
+def read_tpot(p: Params, ctx: BuildContext, alpha: float) -> TpotTracker:
+    """Param ``tpot_prior_s`` (seconds per output token: one number, or per engine kind)."""
+    return TpotTracker(_per_engine(p, ctx, "tpot_prior_s", 0.01), alpha=alpha)

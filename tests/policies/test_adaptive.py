@@ -95,6 +95,24 @@ def test_batch_spill(
     assert decision.priority == priority
 
 
+def test_no_spill_while_the_low_ttft_engine_decodes_slowly() -> None:
+    policy = build({**PARAMS, "tpot_prior_s": {"vllm": 0.012, "deepinfer": 0.007}})
+    # finish on vllm: 8k / 40k + 768 x 12 ms = 9.4 s; on deepinfer (100k + 8k) / 20k + 768 x 7 ms
+    # = 10.8 s: spill
+    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"  # type: ignore[arg-type]
+    # interactive streams on vllm now see 40 ms per token: 0.2 + 768 x 40 ms = 31 s there
+    for i in range(30):
+        req = interactive(f"i{i}")
+        policy.on_finish(
+            req, "vllm", Outcome(200, True, prompt_tokens=1000, ttft_s=0.1, tpot_s=0.04)
+        )  # type: ignore[arg-type]
+    assert policy.tpot.tpot("vllm") == pytest.approx(0.04, rel=0.05)
+    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+    # the high-throughput engine with idle room of its own takes batch work itself
+    params = {**PARAMS, "spill": {"min_high_inflight": 2}}
+    assert build(params).choose(batch("b2"), snap(0, 50_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+
+
 def test_spill_disabled() -> None:
     params = {**PARAMS, "spill": {"enabled": False}}
     decision = build(params).choose(batch(), snap(0, 50_000))  # type: ignore[arg-type]
@@ -256,17 +274,17 @@ def test_unhealthy_and_unpooled_backends() -> None:
             [
                 ("params.low_ttft[1]", "unknown engine 'tgi' (known: vllm, deepinfer, sglang)"),
                 ("params.high_throughput", "'vllm' is also listed in low_ttft"),
-                ("params.slo.interactive.ttft_s", "0 is out of range"),
+                ("params.slo.interactive.ttft_s", "0 is below the minimum 0.001"),
                 ("params.slo.interactive.p99", "unknown key"),
                 ("params.slo.bulk", "unknown key"),
                 ("params.spill.enabled", "expected true or false, got string"),
-                ("params.spill.headroom", "2 is out of range"),
+                ("params.spill.headroom", "2 is above the maximum 1"),
                 ("params.spill.window", "0 is below the minimum 1"),
                 ("params.spill.max_inflight", "expected an integer, got number"),
                 ("params.prefill_rate_prior.vllm", "expected a number, got string"),
                 ("params.prefill_rate_prior.tgi", "unknown key"),
-                ("params.learning_rate", "0 is out of range"),
-                ("params.load_bound", "0.5 is out of range"),
+                ("params.learning_rate", "0 is below the minimum 0.001"),
+                ("params.load_bound", "0.5 is below the minimum 1"),
             ],
         ),
     ],

@@ -226,7 +226,7 @@ def test_pipeline_defaults_to_max_score_with_no_scorers() -> None:
             [
                 ("params.filters[0].params.backends", "is required"),
                 ("params.filters[1].type", "unknown 'nope' (known: members, "),
-                ("params.scorers[0].weight", "-1 is out of range"),
+                ("params.scorers[0].weight", "-1 is below the minimum 0"),
                 ("params.scorers[1].type", "unknown 'least-qeue' (known: least-requests, "),
                 ("params.scorers[2].typo", "unknown key"),
                 ("params.scorers[2].type", "expected a type name, got null"),
