@@ -68,23 +68,9 @@ class Children:
         return replace(config, backends=tuple(backends))
 
     def _spawn(self, argv: Sequence[str], timeout: float) -> str:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+        proc, url = spawn_ready(argv, READY_PREFIX, timeout)
         self.procs.append(proc)
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        buf = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            while (left := deadline - time.monotonic()) > 0 and sel.select(left):
-                data = os.read(fd, 4096)
-                if not data:
-                    raise RuntimeError(f"emulator exited ({proc.wait()}) before it was ready")
-                buf += data
-                for line in buf.decode(errors="replace").splitlines():
-                    if line.startswith(READY_PREFIX):
-                        return line[len(READY_PREFIX) :].strip()
-        raise RuntimeError(f"emulator not ready after {timeout} s")
+        return url
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every child, then SIGKILL whatever is still alive after ``grace``."""
@@ -101,3 +87,33 @@ class Children:
             if p.stdout is not None:
                 p.stdout.close()
         self.procs = []
+
+
+def spawn_ready(
+    argv: Sequence[str], ready_prefix: str, timeout: float
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``argv``; wait (bounded) for its stdout line ``PREFIX URL``; return both.
+
+    The child gets SIGTERM should this process die first. On failure it is killed.
+    """
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    buf = b""
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0 and sel.select(left):
+                data = os.read(fd, 4096)
+                if not data:
+                    raise RuntimeError(f"{argv[:4]} exited ({proc.wait()}) before it was ready")
+                buf += data
+                for line in buf.decode(errors="replace").splitlines():
+                    if line.startswith(ready_prefix):
+                        return proc, line[len(ready_prefix) :].strip()
+        raise RuntimeError(f"{argv[:4]} not ready after {timeout} s")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise

@@ -1,0 +1,239 @@
+"""What the router adds to a stream: the same load sent directly and through one router worker.
+
+    python -m benchmarks.proxy_overhead [--chunks 64] [--streams 512] [--concurrency 1,64,256]
+
+A tiny SSE upstream (raw asyncio protocol on uvloop, its own process) answers every chat
+request with ``--chunks`` events, each its own write; paced runs sleep 5 ms between them like
+an engine, unpaced runs write them back to back. The load generator (this process) measures,
+per stream, TTFT (request sent -> first event) and E2E (-> end of stream). For each mode and
+concurrency it prints the added TTFT and E2E (router percentile minus direct percentile), the
+router's CPU seconds per 1,000 forwarded chunks (utime+stime from /proc) and the chunks/s the
+router forwarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import uvloop
+import yaml
+
+from router.children import spawn_ready
+
+UPSTREAM_READY = "upstream listening on "
+_CONTENT_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
+_GAP = re.compile(rb"x-bench-gap-ms:\s*([0-9.]+)", re.IGNORECASE)
+_CHUNKS = re.compile(rb"x-bench-chunks:\s*(\d+)", re.IGNORECASE)
+_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
+_USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":%d}}\n\n'
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class _Upstream(asyncio.Protocol):
+    """HTTP/1.1 keep-alive SSE server; one request at a time per connection."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        end = self._buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self._buf[:end]
+        m = _CONTENT_LENGTH.search(head)
+        length = int(m.group(1)) if m else 0
+        if len(self._buf) < end + 4 + length:
+            return
+        body = self._buf[end + 4 : end + 4 + length]
+        self._buf = self._buf[end + 4 + length :]
+        path = head.split(b" ", 2)[1]
+        if path.startswith(b"/v1/chat"):
+            gap = _GAP.search(head)
+            chunks = _CHUNKS.search(head)
+            asyncio.get_running_loop().create_task(
+                self._stream(
+                    float(gap.group(1)) / 1000 if gap else 0.0,
+                    int(chunks.group(1)) if chunks else 64,
+                    b'"include_usage":true' in body,
+                )
+            )
+        else:
+            doc = b'{"object":"list","data":[]}' if path == b"/v1/models" else b"{}"
+            self._write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(doc), doc)
+            )
+
+    def _write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    async def _stream(self, gap: float, chunks: int, usage: bool) -> None:
+        self._write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        event = _chunk(_EVENT)
+        for i in range(chunks):
+            if gap and i:
+                await asyncio.sleep(gap)
+            self._write(event)
+        if usage:
+            self._write(_chunk(_USAGE % chunks))
+        self._write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+
+async def _serve_upstream() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Upstream, "127.0.0.1", 0, backlog=1024)
+    port = server.sockets[0].getsockname()[1]
+    print(f"{UPSTREAM_READY}http://127.0.0.1:{port}", flush=True)
+    await asyncio.Event().wait()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    ttft: list[float]
+    e2e: list[float]
+    chunks: int
+    wall: float
+
+
+async def _load(url: str, concurrency: int, streams: int, chunks: int, gap_ms: float) -> RunResult:
+    body = (
+        b'{"model":"bench","messages":[{"role":"user","content":"hello"}],"stream":true,'
+        b'"max_tokens":%d}' % chunks
+    )
+    headers = {
+        "Content-Type": "application/json",
+        "X-Bench-Gap-Ms": str(gap_ms),
+        "X-Bench-Chunks": str(chunks),
+    }
+    ttft: list[float] = []
+    e2e: list[float] = []
+    total = 0
+    per_worker = max(1, streams // concurrency)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal total
+            for _ in range(per_worker):
+                t0 = time.perf_counter()
+                first = None
+                async with session.post(url, data=body, headers=headers) as resp:
+                    async for data in resp.content.iter_any():
+                        if first is None:
+                            first = time.perf_counter()
+                        total += data.count(b"data:")
+                end = time.perf_counter()
+                ttft.append((first or end) - t0)
+                e2e.append(end - t0)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return RunResult(ttft, e2e, total, wall)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pct(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def _router_config(upstream: str, directory: Path) -> Path:
+    doc = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "backends": [{"name": "fast", "engine": "vllm", "url": upstream, "models": ["bench"]}],
+        "default_policy": "pinned",
+        "policies": {"pinned": {"type": "pinned", "params": {"backend": "fast"}}},
+        "health": {"interval": 5.0, "scrape_metrics": False},
+    }
+    path = directory / "bench-router.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=64, help="events per stream")
+    ap.add_argument(
+        "--streams", type=int, default=512, help="streams per run (at least one per slot)"
+    )
+    ap.add_argument("--concurrency", default="1,64,256")
+    ap.add_argument("--upstream-server", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.upstream_server:
+        uvloop.run(_serve_upstream())
+        return 0
+    levels = [int(c) for c in args.concurrency.split(",")]
+    exe = sys.executable
+    up_proc, upstream = spawn_ready([exe, "-m", "benchmarks.proxy_overhead", "--upstream-server"],
+                                    UPSTREAM_READY, 30)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _router_config(upstream, Path(tmp))
+        r_proc, router = spawn_ready([exe, "-m", "router", "serve", "--config", str(cfg)],
+                                     "router listening on ", 30)  # fmt: skip
+        try:
+            print(
+                f"{args.chunks} chunks per stream, {args.streams} streams per run, 1 router worker"
+            )
+            print(f"{'mode':8} {'conc':>5} {'+TTFT p50':>10} {'+TTFT p99':>10} {'+E2E p50':>10} "
+                  f"{'+E2E p99':>10} {'CPU s/1k chunks':>16} {'router chunks/s':>16}")  # fmt: skip
+            for mode, gap in (("paced", 5.0), ("unpaced", 0.0)):
+                for conc in levels:
+                    streams = max(conc, args.streams if conc > 1 else min(args.streams, 40))
+                    direct = uvloop.run(
+                        _load(upstream + "/v1/chat/completions", conc, streams, args.chunks, gap)
+                    )
+                    cpu0 = _cpu_seconds(r_proc.pid)
+                    via = uvloop.run(
+                        _load(router + "/v1/chat/completions", conc, streams, args.chunks, gap)
+                    )
+                    cpu = _cpu_seconds(r_proc.pid) - cpu0
+                    ms = 1000.0
+                    print(
+                        f"{mode:8} {conc:>5} "
+                        f"{(_pct(via.ttft, 50) - _pct(direct.ttft, 50)) * ms:>8.2f}ms "
+                        f"{(_pct(via.ttft, 99) - _pct(direct.ttft, 99)) * ms:>8.2f}ms "
+                        f"{(_pct(via.e2e, 50) - _pct(direct.e2e, 50)) * ms:>8.2f}ms "
+                        f"{(_pct(via.e2e, 99) - _pct(direct.e2e, 99)) * ms:>8.2f}ms "
+                        f"{cpu / max(via.chunks, 1) * 1000:>16.4f} "
+                        f"{via.chunks / via.wall:>16.0f}",
+                        flush=True,
+                    )
+        finally:
+            for proc in (r_proc, up_proc):
+                proc.terminate()
+                proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
