@@ -140,3 +140,11 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     broken.write_text("backends: [\n")
     res = subprocess.run([*argv, str(broken)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "not valid YAML" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "path", sorted((default_config_path().parent / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_examples_are_valid(path: Path) -> None:
+    config = load_checked(path)
+    assert config.backends and config.default_policy in {p.name for p in config.policies}
