@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from policies.registry import BackendInfo, build_policy
 from policies.testing import make_candidate, make_request
-from policies.types import Candidate
+from policies.types import Candidate, Outcome
 
 BACKENDS = (
     BackendInfo("vllm", "vllm", priority_capable=True),
@@ -92,3 +92,40 @@ def test_ranking_is_a_subset_permutation(
         assert set(ranked) <= healthy
         if complete:
             assert set(ranked) == healthy
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["interactive", "batch"]),
+            snapshots(),
+            st.booleans(),  # finish it at once?
+            st.floats(0.01, 3.0),  # observed TTFT
+        ),
+        max_size=40,
+    )
+)
+def test_adaptive_bookkeeping_balances(
+    steps: list[tuple[str, list[Candidate], bool, float]],
+) -> None:
+    """Spill slots are released by on_finish whatever the interleaving; the limit stays in range."""
+    policy = build_policy(
+        "a", "adaptive", {"low_ttft": ["vllm"], "high_throughput": ["deepinfer"]}, BACKENDS
+    )
+    open_: list[tuple[object, str]] = []
+    for i, (cls, cands, finish_now, ttft) in enumerate(steps):
+        req = make_request(cls, request_id=f"r{i}", stream=cls == "interactive")  # type: ignore[arg-type]
+        ranked = policy.choose(req, cands).ranked
+        assert len(ranked) == len(set(ranked)) and set(ranked) == {
+            c.name for c in cands if c.healthy
+        }
+        if ranked:
+            open_.append((req, ranked[0]))
+        if finish_now and open_:
+            done, backend = open_.pop(0)
+            policy.on_finish(done, backend, Outcome(200, True, 1000, 100, ttft, ttft + 1, 0.01))  # type: ignore[arg-type]
+        assert 0 <= policy.governor.limit <= 4  # type: ignore[attr-defined]
+    for done, backend in open_:
+        policy.on_finish(done, backend, Outcome(502, False))  # type: ignore[arg-type]
+    assert all(policy.spilled(b.name) == 0 for b in BACKENDS)  # type: ignore[attr-defined]
