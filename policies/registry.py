@@ -159,7 +159,7 @@ def _plugin(
         return None
     try:
         built = factory(raw_params or {}, ctx.backends)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # bad params, or a factory of the wrong shape
         errors.append((params_path, str(exc)))
         return None
     if not isinstance(built, proto):
@@ -172,7 +172,7 @@ def _load_external(ref: str, path: str, errors: ErrorList) -> Callable[..., obje
     module_name, _, attr = ref.partition(":")
     try:
         target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # importing runs the module's code: report whatever it raises
         errors.append((path, f"cannot load {ref!r}: {exc}"))
         return None
     if not callable(target):
@@ -258,7 +258,7 @@ def build_policy(
         if factory is not None:
             try:
                 policy = factory(name, dict(p.raw), ctx.backends)
-            except ValueError as exc:
+            except (ValueError, TypeError) as exc:
                 errors.append(("params", str(exc)))
     else:
         errors.append(("type", f"unknown {type!r} (known: {', '.join(POLICY_TYPES)})"))

@@ -291,6 +291,8 @@ def test_out_of_tree_errors(plugin_module: str) -> None:
             f"{plugin_module}:not_callable",
             f"{plugin_module}:wrong",
             f"{plugin_module}:absent",
+            f"{plugin_module}:whole",  # a policy factory: wrong signature for a filter
+            ":nothing",
         ]
     }
     with pytest.raises(PolicyConfigError) as info:
@@ -300,5 +302,7 @@ def test_out_of_tree_errors(plugin_module: str) -> None:
         "params.filters[1].type",
         "params.filters[2].type",
         "params.filters[3].type",
+        "params.filters[4].params",
+        "params.filters[5].type",
     ]
     assert "needs exactly 'name'" in str(info.value)
