@@ -2,172 +2,58 @@
 
 Validation reports every problem at once, each with its key path (``backends[1].url: ...``);
 unknown keys are rejected. The policy entries are checked structurally here and semantically
-by the policy registry (see :func:`router.policyset.build_policies`).
+by the policy registry (see :func:`router.app.build_policies`). The value objects live in
+:mod:`router.settings` and are importable from here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 
-from policies.types import REQUEST_CLASSES, Endpoint, RequestClass
+from policies.types import REQUEST_CLASSES
+from router.settings import (
+    DEFAULT_CAPTURE_HEADERS,
+    ENDPOINTS,
+    REDACTIONS,
+    ApiKeySpec,
+    BackendSpec,
+    CaptureSettings,
+    ClassificationSettings,
+    ClassTimeouts,
+    ConfigError,
+    EmulatorSpec,
+    FailoverSettings,
+    HealthSettings,
+    ListenSettings,
+    PolicySpec,
+    RouterConfig,
+    Rule,
+)
 from router.validate import Reader
 
-ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings")
-Redaction = Literal["none", "hash", "drop"]
-REDACTIONS: tuple[Redaction, ...] = ("none", "hash", "drop")
-DEFAULT_CAPTURE_HEADERS = ("x-request-class", "x-switchyard-policy", "x-request-id", "user-agent")
-
-
-class ConfigError(Exception):
-    """A configuration with problems; ``errors`` holds every ``(key path, message)``."""
-
-    def __init__(self, errors: list[tuple[str, str]]) -> None:
-        super().__init__("\n".join(f"{p}: {m}" if p else m for p, m in errors))
-        self.errors = errors
-
-
-@dataclass(frozen=True, slots=True)
-class ListenSettings:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    max_body_bytes: int = 8 * 1024 * 1024
-    """Larger request bodies get 413."""
-
-
-@dataclass(frozen=True, slots=True)
-class EmulatorSpec:
-    """An emulator the router starts as a child process and uses as the backend's URL."""
-
-    profile: str
-    time_scale: float = 1.0
-    seed: int = 0
-    model: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BackendSpec:
-    name: str
-    engine: str
-    url: str = ""
-    """Base URL without ``/v1``; empty until the CLI starts the backend's emulator."""
-    models: tuple[str, ...] = ()
-    """Models served; empty means: whatever the backend's /v1/models lists (or anything)."""
-    api_key_env: str | None = None
-    """Environment variable holding the key sent upstream as ``Authorization: Bearer``."""
-    max_inflight: int | None = None
-    priority_capable: bool = False
-    emulator: EmulatorSpec | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ApiKeySpec:
-    """A client API key (value read from ``env``) and the class its requests get."""
-
-    name: str
-    env: str
-    request_class: RequestClass | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """A classification rule; every condition given must hold. First matching rule wins."""
-
-    request_class: RequestClass
-    endpoint: Endpoint | None = None
-    stream: bool | None = None
-    max_tokens_at_least: int | None = None
-    max_tokens_below: int | None = None
-    prompt_tokens_at_least: int | None = None
-    prompt_tokens_below: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ClassificationSettings:
-    default: RequestClass = "interactive"
-    honor_header: bool = True
-    flex_is_batch: bool = True
-    rules: tuple[Rule, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class PolicySpec:
-    name: str
-    type: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ClassTimeouts:
-    """Seconds; ``None`` disables that bound."""
-
-    connect: float | None = 5.0
-    first_byte: float | None = 60.0
-    """From sending the request to the upstream's response headers."""
-    idle: float | None = 60.0
-    """Longest gap between two chunks of a response."""
-    total: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FailoverSettings:
-    max_attempts: int = 3
-    backoff_initial: float = 0.02
-    backoff_max: float = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class HealthSettings:
-    interval: float = 2.0
-    timeout: float = 1.0
-    failures_to_eject: int = 3
-    """Consecutive failures (probes or requests) that mark a backend down."""
-    cooldown: float = 10.0
-    """Seconds a passively ejected backend stays out before it is tried again."""
-    models_refresh: float = 30.0
-    scrape_metrics: bool = True
-    scrape_interval: float = 1.0
-    scrape_stale_after: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureSettings:
-    path: str
-    sample_rate: float = 1.0
-    redaction: Redaction = "none"
-    rotate_bytes: int | None = None
-    headers: tuple[str, ...] = DEFAULT_CAPTURE_HEADERS
-    queue_size: int = 10000
-
-
-@dataclass(frozen=True, slots=True)
-class RouterConfig:
-    backends: tuple[BackendSpec, ...]
-    policies: tuple[PolicySpec, ...]
-    default_policy: str
-    listen: ListenSettings = ListenSettings()
-    honor_policy_header: bool = True
-    aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    """Client model name -> backend name -> that backend's model name."""
-    api_keys: tuple[ApiKeySpec, ...] = ()
-    require_api_key: bool = False
-    classification: ClassificationSettings = ClassificationSettings()
-    timeouts: Mapping[str, ClassTimeouts] = field(default_factory=dict)
-    failover: FailoverSettings = FailoverSettings()
-    health: HealthSettings = HealthSettings()
-    capture: CaptureSettings | None = None
-
-    def timeouts_for(self, request_class: str) -> ClassTimeouts:
-        return self.timeouts.get(request_class) or ClassTimeouts()
-
-    def backend(self, name: str) -> BackendSpec:
-        return next(b for b in self.backends if b.name == name)
-
+__all__ = [
+    "DEFAULT_CAPTURE_HEADERS",
+    "ENDPOINTS",
+    "REDACTIONS",
+    "ApiKeySpec",
+    "BackendSpec",
+    "CaptureSettings",
+    "ClassTimeouts",
+    "ClassificationSettings",
+    "ConfigError",
+    "EmulatorSpec",
+    "FailoverSettings",
+    "HealthSettings",
+    "ListenSettings",
+    "PolicySpec",
+    "RouterConfig",
+    "Rule",
+    "load_config",
+    "parse_config",
+]
 
 _TOP = [
     "listen",

@@ -11,18 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
 from common.sse import StreamMeter
 from policies.base import Policy
-from policies.types import Endpoint, Outcome, RequestClass, RequestInfo
+from policies.types import Endpoint, RequestClass
 from router.body import upstream_body
-from router.capture import CaptureEntry
 from router.classify import Parsed, classify, parse_body
 from router.errors import RouterError, error_response, sse_error_event
+from router.record import Record, bookkeeping
 from router.state import RouterState
 from router.upstream import Opened, Target, UpstreamFailed, downstream_headers, open_upstream
 
@@ -34,31 +33,13 @@ PATHS: dict[Endpoint, str] = {
 CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
 
 
-@dataclass(slots=True)
-class _Record:
-    """What the bookkeeping needs, filled in as the request progresses."""
-
-    request_id: str
-    arrival: float
-    arrival_wall: float
-    policy: str
-    body: bytes = b""
-    info: RequestInfo | None = None
-    backend: str | None = None
-    failovers: int = 0
-    status: int = 500
-    meter: StreamMeter | None = None
-    end: float | None = None
-    error: dict[str, object] | None = field(default=None)
-
-
 async def handle(
     request: web.Request, state: RouterState, endpoint: Endpoint
 ) -> web.StreamResponse:
     """Serve one OpenAI request end to end."""
     now = time.monotonic()
     rid = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex}"
-    rec = _Record(rid, now, time.time(), state.config.default_policy)
+    rec = Record(rid, now, time.time(), state.config.default_policy)
     extra = {"X-Request-Id": rid, "X-Switchyard-Policy": rec.policy}
     opened: Opened | None = None
     try:
@@ -106,7 +87,7 @@ async def handle(
         if opened is not None and rec.info is not None:
             opened.response.close()  # frees the engine slot at once if still streaming
             opened.target.backend.finish(rec.info)
-        _bookkeeping(request, state, rec)
+        bookkeeping(request, state, rec)
 
 
 def _authenticate(request: web.Request, state: RouterState) -> RequestClass | None:
@@ -184,7 +165,7 @@ async def _relay(
     state: RouterState,
     opened: Opened,
     extra: dict[str, str],
-    rec: _Record,
+    rec: Record,
     strip_usage: bool,
 ) -> web.StreamResponse:
     """Pass the upstream's answer through: whole if JSON, chunk by chunk if SSE."""
@@ -219,7 +200,9 @@ async def _relay(
             # Bytes already reached the client, so no retry: end its stream with an error.
             message = broken or "upstream stream ended before [DONE]"
             rec.error = {"message": message, "code": "upstream_error"}
-            state.metrics.stream_aborted(rec.policy, extra["X-Switchyard-Backend"], _cls(rec))
+            state.metrics.stream_aborted(
+                rec.policy, extra["X-Switchyard-Backend"], rec.request_class
+            )
             await out.write(sse_error_event(message))
         await out.write_eof()
     except ConnectionResetError:
@@ -227,7 +210,7 @@ async def _relay(
     return out
 
 
-def _failed(exc: UpstreamFailed, extra: dict[str, str], rec: _Record) -> web.Response:
+def _failed(exc: UpstreamFailed, extra: dict[str, str], rec: Record) -> web.Response:
     """Every attempt failed: pass the last answer through, or say 502/504."""
     last = exc.last
     rec.end = time.monotonic()
@@ -245,62 +228,3 @@ def _failed(exc: UpstreamFailed, extra: dict[str, str], rec: _Record) -> web.Res
     rec.status = status
     rec.error = {"message": last.message, "code": code}
     return error_response(err, extra)
-
-
-def _cls(rec: _Record) -> str:
-    return rec.info.request_class if rec.info is not None else "unknown"
-
-
-def _bookkeeping(request: web.Request, state: RouterState, rec: _Record) -> None:
-    """Metrics, policy feedback and capture for a finished request (synchronous)."""
-    end = rec.end if rec.end is not None else time.monotonic()
-    fig = rec.meter.figures(end) if rec.meter is not None else None
-    e2e = end - rec.arrival
-    ttft = fig.ttft if fig is not None else None
-    tpot = fig.tpot if fig is not None else None
-    prompt = fig.prompt_tokens if fig is not None else None
-    output = fig.completion_tokens if fig is not None else None
-    backend = rec.backend or "none"
-    state.metrics.request_done(
-        rec.policy,
-        backend,
-        _cls(rec),
-        rec.status,
-        ttft=ttft,
-        tpot=tpot,
-        e2e=e2e,
-        prompt_tokens=prompt,
-        output_tokens=output,
-    )
-    info = rec.info
-    if info is None:
-        return
-    ok = 200 <= rec.status < 300 and rec.error is None
-    if rec.backend is not None:
-        outcome = Outcome(rec.status, ok, prompt or 0, output or 0, ttft, e2e, tpot)
-        state.policies[rec.policy].on_finish(info, rec.backend, outcome)
-    if state.capture is not None:
-        error = rec.error if rec.error is not None else (fig.error if fig is not None else None)
-        state.capture.record(
-            CaptureEntry(
-                request_id=rec.request_id,
-                url=request.path,
-                body=rec.body,
-                headers=request.headers,
-                arrival=rec.arrival,
-                arrival_wall=rec.arrival_wall,
-                policy=rec.policy,
-                request_class=info.request_class,
-                backend=rec.backend,
-                failovers=rec.failovers,
-                status=rec.status,
-                stream=info.stream,
-                finish_reason=fig.finish_reason if fig is not None else None,
-                prompt_tokens=prompt,
-                completion_tokens=output,
-                error=error,
-                ttft_s=ttft,
-                tpot_s=tpot,
-                e2e_s=e2e,
-            )
-        )
