@@ -4,8 +4,9 @@
   interactive SLO and the high-throughput pool predicts better; then that pool comes first.
 * Batch requests go to the high-throughput pool, and spill onto a low-TTFT replica only
   while (a) every high-throughput replica already holds ``min_high_inflight`` requests and
-  the batch is predicted to finish sooner on the low-TTFT replica (predicted TTFT plus its
-  output budget at the replica's learned time per output token), (b) an interactive request arriving
+  the batch is predicted to finish sooner on the low-TTFT replica (its predicted TTFT plus
+  the output budget at its learned time per output token) than at the high-throughput
+  pool's observed batch pace, (b) an interactive request arriving
   next would still be predicted under ``headroom`` x its TTFT SLO, and (c) the replica holds
   fewer spilled batch requests than the spill limit. The limit adapts to the interactive SLO
   attainment seen on the low-TTFT pool (see :class:`SpillGovernor`). Spilled requests on
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from policies.affinity import affinity_key, home
 from policies.params import BuildContext, Params
 from policies.predictor import (
+    PaceTracker,
     TpotTracker,
     TtftPredictor,
     queued_prefill_tokens,
@@ -60,7 +62,7 @@ class SpillSettings:
     """How much batch work may borrow the low-TTFT pool (see the module docstring)."""
 
     enabled: bool = True
-    headroom: float = 0.5
+    headroom: float = 1.0
     max_inflight: int = 4
     min_high_inflight: int = 1
     min_attainment: float = 0.95
@@ -130,6 +132,7 @@ class AdaptivePolicy:
     settings: AdaptiveSettings
     predictor: TtftPredictor
     tpot: TpotTracker
+    pace: PaceTracker
     engines: dict[str, str]
     """Backend name -> engine kind, for outcomes of backends not in the last snapshot."""
     type: str = "adaptive"
@@ -236,7 +239,17 @@ class AdaptivePolicy:
         if any(c.inflight < spill.min_high_inflight for c in high):
             return None  # the high-throughput pool still has room of its own: no borrowing
         out = req.expected_output_tokens
-        best_high = min(predicted[c.name] + out * self.tpot.tpot(c.name) for c in high)
+
+        def finish_high(c: Candidate) -> float:
+            # The home pool serves batch all the time: its observed pace is the freshest
+            # truth. The low-TTFT pool serves interactive streams all the time: its learned
+            # TPOT is, so a spill is judged by the model below.
+            pace = self.pace.pace(c.name)
+            return (
+                pace * out if pace is not None else predicted[c.name] + out * self.tpot.tpot(c.name)
+            )
+
+        best_high = min(finish_high(c) for c in high)
         slo_ttft = self.settings.slo["interactive"].ttft_s
         for c in low:
             if c.saturated or self._spilled_count.get(c.name, 0) >= self.governor.allowed:
@@ -278,6 +291,7 @@ class AdaptivePolicy:
         """Learn prefill rates, release spill slots, and track interactive attainment."""
         self.predictor.observe(req, backend, outcome)
         self.tpot.observe(req, backend, outcome)
+        self.pace.observe(req, backend, outcome)
         if req.request_id in self._spilled:
             self._forget_spill(req.request_id)
         if req.request_class != "interactive" or not req.stream:
@@ -348,4 +362,4 @@ def make_adaptive(name: str, p: Params, ctx: BuildContext) -> AdaptivePolicy:
     tpot = read_tpot(p, ctx, predictor.alpha)
     p.done()
     engines = {b.name: b.engine for b in ctx.backends}
-    return AdaptivePolicy(name, settings, predictor, tpot, engines)
+    return AdaptivePolicy(name, settings, predictor, tpot, PaceTracker(predictor.alpha), engines)

@@ -141,6 +141,32 @@ class TpotTracker:
         self._tpot[backend] = old + self.alpha * (outcome.tpot_s - old)
 
 
+@dataclass(slots=True)
+class PaceTracker:
+    """Each backend's recent batch pace: EWMA of end-to-end seconds per output token.
+
+    Measured on finished batch requests, streamed or not (end-to-end time is observable
+    either way), so it includes queueing and prefill under the backend's current load.
+    """
+
+    alpha: float = 0.1
+    _pace: dict[str, float] = field(default_factory=dict)
+
+    def pace(self, backend: str) -> float | None:
+        """Seconds per output token of recent batch work on ``backend``; None before any."""
+        return self._pace.get(backend)
+
+    def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        """Learn from a finished batch request that produced output."""
+        if req.request_class != "batch" or not outcome.ok or outcome.e2e_s is None:
+            return
+        if outcome.output_tokens <= 0:
+            return
+        sample = outcome.e2e_s / outcome.output_tokens
+        old = self._pace.get(backend)
+        self._pace[backend] = sample if old is None else old + self.alpha * (sample - old)
+
+
 def _per_engine(p: Params, ctx: BuildContext, key: str, default: float) -> dict[str, float]:
     """``key``: one number for every backend, or a mapping engine kind -> number (others get
     ``default``). Returns backend name -> value."""

@@ -113,6 +113,23 @@ def test_no_spill_while_the_low_ttft_engine_decodes_slowly() -> None:
     assert build(params).choose(batch("b2"), snap(0, 50_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
 
 
+def test_observed_batch_pace_of_the_home_pool_beats_the_model() -> None:
+    policy = build({**PARAMS, "tpot_prior_s": {"vllm": 0.012, "deepinfer": 0.007}})
+    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"  # model: 10.8 s vs 9.4
+    # deepinfer actually turns batch requests round at 5 ms per output token: 768 x 5 ms = 3.8 s
+    for i in range(5):
+        done = batch(f"d{i}")
+        policy.on_finish(done, "deepinfer", Outcome(200, True, 8000, 800, ttft_s=4.0, e2e_s=4.0))  # type: ignore[arg-type]
+    assert policy.pace.pace("deepinfer") == pytest.approx(0.005)
+    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+    # failed requests, interactive ones and empty outputs say nothing about the batch pace
+    policy.on_finish(batch("x"), "deepinfer", Outcome(502, False, e2e_s=99.0))  # type: ignore[arg-type]
+    policy.on_finish(interactive("y"), "deepinfer", Outcome(200, True, 1000, 10, e2e_s=99.0))  # type: ignore[arg-type]
+    policy.on_finish(batch("z"), "deepinfer", Outcome(200, True, 8000, 0, e2e_s=99.0))  # type: ignore[arg-type]
+    assert policy.pace.pace("deepinfer") == pytest.approx(0.005)
+    assert policy.pace.pace("vllm") is None
+
+
 def test_spill_disabled() -> None:
     params = {**PARAMS, "spill": {"enabled": False}}
     decision = build(params).choose(batch(), snap(0, 50_000))  # type: ignore[arg-type]
