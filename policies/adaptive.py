@@ -126,7 +126,11 @@ class SpillGovernor:
 
 @dataclass(slots=True)
 class AdaptivePolicy:
-    """See the module docstring. ``choose`` is synchronous and does no I/O."""
+    """See the module docstring. ``choose`` is synchronous and does no I/O.
+
+    ``Decision.scores`` holds each backend's predicted TTFT for this request, in seconds
+    (lower is better), for the debugging endpoints.
+    """
 
     name: str
     settings: AdaptiveSettings
@@ -271,6 +275,8 @@ class AdaptivePolicy:
     # -- bookkeeping ----------------------------------------------------------------------
 
     def _note_spill(self, req: RequestInfo, backend: str) -> None:
+        if req.request_id in self._spilled:  # a client reused an X-Request-Id
+            self._forget_spill(req.request_id)
         self._spilled[req.request_id] = (backend, req.prompt_tokens)
         self._spilled_count[backend] = self._spilled_count.get(backend, 0) + 1
         self._spilled_tokens[backend] = self._spilled_tokens.get(backend, 0) + req.prompt_tokens

@@ -144,6 +144,13 @@ def test_spill_slots_are_bounded_and_released_on_finish() -> None:
     policy.on_finish(batch("b0"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))  # type: ignore[arg-type]
     assert policy.spilled("vllm") == 1
     assert policy.choose(batch("b3"), snap(0, 50_000)).ranked[0] == "vllm"  # type: ignore[arg-type]
+    # a reused request id does not leak a slot
+    policy.on_finish(batch("b1"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))  # type: ignore[arg-type]
+    assert policy.choose(batch("b3"), snap(0, 50_000)).ranked[0] == "vllm"  # type: ignore[arg-type]
+    assert policy.spilled("vllm") == 1  # b3 counted once
+    for rid in ("b2", "b3"):
+        policy.on_finish(batch(rid), "deepinfer", Outcome(200, True))  # type: ignore[arg-type]
+    assert policy.spilled("vllm") == 0
 
 
 def test_interactive_jumps_spilled_batch_only_on_priority_capable_replicas() -> None:
