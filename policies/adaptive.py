@@ -142,9 +142,10 @@ class AdaptivePolicy:
     type: str = "adaptive"
     governor: SpillGovernor = field(init=False)
     typical_prompt: float = field(init=False)
-    _spilled: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
-    _spilled_count: dict[str, int] = field(default_factory=dict)
-    _spilled_tokens: dict[str, int] = field(default_factory=dict)
+    _spills: dict[str, OrderedDict[str, int]] = field(default_factory=dict)
+    """Per backend, its open spilled requests (request id -> prompt tokens), oldest first."""
+    _where: dict[str, str] = field(default_factory=dict)
+    """Request id -> the backend it was spilled to."""
 
     def __post_init__(self) -> None:
         self.governor = SpillGovernor(self.settings.spill)
@@ -155,6 +156,8 @@ class AdaptivePolicy:
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
         """Rank the healthy candidates for ``req``."""
         healthy = [c for c in candidates if c.healthy]
+        for c in candidates:
+            self._reconcile(c)
         ahead = {c.name: queued_prefill_tokens(c, self.typical_prompt) for c in healthy}
         self.predictor.note(req, ahead)
         predicted = {
@@ -198,7 +201,7 @@ class AdaptivePolicy:
         On a priority-capable replica it jumps the spilled (low-priority) batch prompts, but
         may still wait for one prefill budget's worth of them already in progress.
         """
-        spilled = self._spilled_tokens.get(c.name, 0)
+        spilled = sum(self._spills.get(c.name, {}).values())
         if not c.priority_capable or not spilled:
             return ahead[c.name]
         budget = self.settings.spill.priority_prefill_tokens
@@ -256,7 +259,7 @@ class AdaptivePolicy:
         best_high = min(finish_high(c) for c in high)
         slo_ttft = self.settings.slo["interactive"].ttft_s
         for c in low:
-            if c.saturated or self._spilled_count.get(c.name, 0) >= self.governor.allowed:
+            if c.saturated or self.spilled(c.name) >= self.governor.allowed:
                 continue
             if predicted[c.name] + out * self.tpot.tpot(c.name) >= best_high:
                 continue
@@ -275,31 +278,37 @@ class AdaptivePolicy:
     # -- bookkeeping ----------------------------------------------------------------------
 
     def _note_spill(self, req: RequestInfo, backend: str) -> None:
-        if req.request_id in self._spilled:  # a client reused an X-Request-Id
-            self._forget_spill(req.request_id)
-        self._spilled[req.request_id] = (backend, req.prompt_tokens)
-        self._spilled_count[backend] = self._spilled_count.get(backend, 0) + 1
-        self._spilled_tokens[backend] = self._spilled_tokens.get(backend, 0) + req.prompt_tokens
-        # Lost feedback must not grow memory nor pin spill slots forever.
-        while len(self._spilled) > self.predictor.pending_limit:
-            self._forget_spill(next(iter(self._spilled)))
+        self._forget_spill(req.request_id)  # a client may reuse an X-Request-Id
+        self._spills.setdefault(backend, OrderedDict())[req.request_id] = req.prompt_tokens
+        self._where[req.request_id] = backend
 
     def _forget_spill(self, request_id: str) -> None:
-        backend, tokens = self._spilled.pop(request_id)
-        self._spilled_count[backend] -= 1
-        self._spilled_tokens[backend] -= tokens
+        backend = self._where.pop(request_id, None)
+        if backend is not None:
+            del self._spills[backend][request_id]
+
+    def _reconcile(self, c: Candidate) -> None:
+        """Drop spill records the router can no longer have open on ``c``.
+
+        A request that never reached a backend may never be reported to ``on_finish``;
+        the router's own in-flight count bounds how many spilled requests can still be
+        open there, so the oldest records beyond it are stale.
+        """
+        records = self._spills.get(c.name)
+        while records and len(records) > c.inflight:
+            request_id, _ = records.popitem(last=False)
+            del self._where[request_id]
 
     def spilled(self, backend: str) -> int:
         """Spilled batch requests currently open on ``backend`` (for debugging endpoints)."""
-        return self._spilled_count.get(backend, 0)
+        return len(self._spills.get(backend, ()))
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn prefill rates, release spill slots, and track interactive attainment."""
         self.predictor.observe(req, backend, outcome)
         self.tpot.observe(req, backend, outcome)
         self.pace.observe(req, backend, outcome)
-        if req.request_id in self._spilled:
-            self._forget_spill(req.request_id)
+        self._forget_spill(req.request_id)
         if req.request_class != "interactive" or not req.stream:
             return  # a non-streamed response has no observable TTFT
         if req.prompt_tokens:

@@ -35,12 +35,14 @@ def build(
 
 
 def snap(
-    vllm: int = 0, deepinfer: int = 0, *, capable: bool = True, **kw: object
+    vllm: int = 0, deepinfer: int = 0, *, capable: bool = True, vllm_inflight: int | None = None
 ) -> list[Candidate]:
-    """vllm and deepinfer with the given prompt tokens waiting (router-side counts)."""
+    """vllm and deepinfer with the given prompt tokens open (router-side counts)."""
+    if vllm_inflight is None:
+        vllm_inflight = 1 if vllm else 0
     return [
         make_candidate(
-            "vllm", prompt_tokens=vllm, inflight=1 if vllm else 0, priority_capable=capable
+            "vllm", prompt_tokens=vllm, inflight=vllm_inflight, priority_capable=capable
         ),
         make_candidate("deepinfer", prompt_tokens=deepinfer, inflight=1 if deepinfer else 0),
     ]
@@ -138,36 +140,53 @@ def test_spill_disabled() -> None:
 
 def test_spill_slots_are_bounded_and_released_on_finish() -> None:
     policy = build()
-    heads = [policy.choose(batch(f"b{i}"), snap(0, 50_000)).ranked[0] for i in range(3)]  # type: ignore[arg-type]
-    assert heads == ["vllm", "vllm", "deepinfer"]  # max_inflight 2
+
+    def head(rid: str) -> str:
+        # the router's view: every open spilled request is in flight on vllm
+        n = policy.spilled("vllm")
+        cands = snap(8000 * n, 50_000, vllm_inflight=n)
+        return policy.choose(batch(rid), cands).ranked[0]  # type: ignore[arg-type]
+
+    assert [head(f"b{i}") for i in range(3)] == ["vllm", "vllm", "deepinfer"]  # max_inflight 2
     assert policy.spilled("vllm") == 2
     policy.on_finish(batch("b0"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))  # type: ignore[arg-type]
     assert policy.spilled("vllm") == 1
-    assert policy.choose(batch("b3"), snap(0, 50_000)).ranked[0] == "vllm"  # type: ignore[arg-type]
+    assert head("b3") == "vllm"
     # a reused request id does not leak a slot
     policy.on_finish(batch("b1"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))  # type: ignore[arg-type]
-    assert policy.choose(batch("b3"), snap(0, 50_000)).ranked[0] == "vllm"  # type: ignore[arg-type]
+    assert head("b3") == "vllm"
     assert policy.spilled("vllm") == 1  # b3 counted once
     for rid in ("b2", "b3"):
         policy.on_finish(batch(rid), "deepinfer", Outcome(200, True))  # type: ignore[arg-type]
     assert policy.spilled("vllm") == 0
 
 
+def test_spill_records_never_outlive_the_routers_inflight_count() -> None:
+    policy = build()
+    for i in range(2):
+        policy.choose(batch(f"b{i}"), snap(8000 * i, 50_000, vllm_inflight=i))  # type: ignore[arg-type]
+    assert policy.spilled("vllm") == 2
+    # neither request ever reached vllm (say every target was refused) and on_finish never
+    # came: the router shows one request open there, then none
+    policy.choose(interactive("x"), snap(1000, 0, vllm_inflight=1))  # type: ignore[arg-type]
+    assert policy.spilled("vllm") == 1
+    policy.choose(batch("b2"), snap(0, 50_000, vllm_inflight=0))  # type: ignore[arg-type]
+    assert policy.spilled("vllm") == 1  # the stale ones dropped, b2 spilled anew
+
+
 def test_interactive_jumps_spilled_batch_only_on_priority_capable_replicas() -> None:
-    params = {
-        **PARAMS,
-        "slo": {"interactive": {"ttft_s": 0.3}},
-        "spill": {"max_inflight": 2, "headroom": 1.0},
-    }
+    params = {**PARAMS, "spill": {"max_inflight": 2, "headroom": 1.0}}
     for capable, head in ((True, "vllm"), (False, "deepinfer")):
         policy = build(params, capable=capable)
         for i in range(2):
-            assert (
-                policy.choose(batch(f"b{i}"), snap(0, 50_000, capable=capable)).ranked[0] == "vllm"
-            )  # type: ignore[arg-type]
-        # vllm now holds the two spilled prompts (16k); deepinfer drained meanwhile
-        decision = policy.choose(interactive(), snap(16_000, 0, capable=capable))  # type: ignore[arg-type]
-        # capable: waits for one 2048-token budget: (2048 + 1000) / 40k; else (16k + 1k) / 40k
+            cands = snap(8000 * i, 50_000, capable=capable, vllm_inflight=i)
+            assert policy.choose(batch(f"b{i}"), cands).ranked[0] == "vllm"  # type: ignore[arg-type]
+        # vllm now holds the two spilled prompts (16k); deepinfer drained meanwhile. A 5k
+        # interactive prompt: capable, it waits for one 2048-token budget, (2048 + 5k) / 40k
+        # = 0.18 s; otherwise for both prompts, (16k + 5k) / 40k = 0.525 s, over the 0.5 s SLO
+        # while deepinfer predicts 5k / 20k = 0.25 s
+        cands = snap(16_000, 0, capable=capable, vllm_inflight=2)
+        decision = policy.choose(interactive(prompt=5000), cands)  # type: ignore[arg-type]
         assert decision.ranked[0] == head
 
 
