@@ -7,8 +7,10 @@ request with ``--chunks`` events, each its own write; paced runs sleep 5 ms betw
 an engine, unpaced runs write them back to back. The load generator (this process) measures,
 per stream, TTFT (request sent -> first event) and E2E (-> end of stream). For each mode and
 concurrency it prints the added TTFT and E2E (router percentile minus direct percentile), the
-router's CPU seconds per 1,000 forwarded chunks (utime+stime from /proc) and the chunks/s the
-router forwarded.
+router's CPU seconds per 1,000 forwarded chunks (utime+stime from /proc), the chunks/s the
+router forwarded, and 1,000 / (CPU s per 1,000 chunks): what one fully busy router core would
+forward. Direct and routed runs alternate for ``--rounds`` rounds and medians are printed, so
+a burst of other load on the machine hits both sides.
 """
 
 from __future__ import annotations
@@ -180,13 +182,41 @@ def _router_config(upstream: str, directory: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Row:
+    """One round's figures for a mode and concurrency (seconds, except where named)."""
+
+    ttft50: float
+    ttft99: float
+    e2e50: float
+    e2e99: float
+    cpu_per_1k: float
+    chunks_per_s: float
+
+
+def _round(upstream: str, router: str, pid: int, conc: int, streams: int, chunks: int,
+           gap: float) -> Row:  # fmt: skip
+    """Direct then through the router, same load; the router's CPU only for its run."""
+    direct = uvloop.run(_load(upstream + "/v1/chat/completions", conc, streams, chunks, gap))
+    cpu0 = _cpu_seconds(pid)
+    via = uvloop.run(_load(router + "/v1/chat/completions", conc, streams, chunks, gap))
+    cpu = _cpu_seconds(pid) - cpu0
+    return Row(
+        ttft50=_pct(via.ttft, 50) - _pct(direct.ttft, 50),
+        ttft99=_pct(via.ttft, 99) - _pct(direct.ttft, 99),
+        e2e50=_pct(via.e2e, 50) - _pct(direct.e2e, 50),
+        e2e99=_pct(via.e2e, 99) - _pct(direct.e2e, 99),
+        cpu_per_1k=cpu / max(via.chunks, 1) * 1000,
+        chunks_per_s=via.chunks / via.wall,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--chunks", type=int, default=64, help="events per stream")
-    ap.add_argument(
-        "--streams", type=int, default=512, help="streams per run (at least one per slot)"
-    )
+    ap.add_argument("--streams", type=int, default=512, help="streams per run (>= concurrency)")
     ap.add_argument("--concurrency", default="1,64,256")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians printed")
     ap.add_argument("--upstream-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.upstream_server:
@@ -202,30 +232,27 @@ def main(argv: list[str] | None = None) -> int:
                                      "router listening on ", 30)  # fmt: skip
         try:
             print(
-                f"{args.chunks} chunks per stream, {args.streams} streams per run, 1 router worker"
+                f"{args.chunks} chunks per stream, {args.streams} streams per run, median of "
+                f"{args.rounds} rounds, 1 router worker, {os.cpu_count()} CPUs"
             )
             print(f"{'mode':8} {'conc':>5} {'+TTFT p50':>10} {'+TTFT p99':>10} {'+E2E p50':>10} "
-                  f"{'+E2E p99':>10} {'CPU s/1k chunks':>16} {'router chunks/s':>16}")  # fmt: skip
+                  f"{'+E2E p99':>10} {'CPU s/1k chunks':>16} {'chunks/s':>9} "
+                  f"{'chunks/s per router core':>25}")  # fmt: skip
             for mode, gap in (("paced", 5.0), ("unpaced", 0.0)):
                 for conc in levels:
                     streams = max(conc, args.streams if conc > 1 else min(args.streams, 40))
-                    direct = uvloop.run(
-                        _load(upstream + "/v1/chat/completions", conc, streams, args.chunks, gap)
-                    )
-                    cpu0 = _cpu_seconds(r_proc.pid)
-                    via = uvloop.run(
-                        _load(router + "/v1/chat/completions", conc, streams, args.chunks, gap)
-                    )
-                    cpu = _cpu_seconds(r_proc.pid) - cpu0
+                    rows = [_round(upstream, router, r_proc.pid, conc, streams, args.chunks, gap)
+                            for _ in range(args.rounds)]  # fmt: skip
+
+                    def med(field: str, rows: list[Row] = rows) -> float:
+                        return statistics.median(getattr(r, field) for r in rows)
+
                     ms = 1000.0
                     print(
-                        f"{mode:8} {conc:>5} "
-                        f"{(_pct(via.ttft, 50) - _pct(direct.ttft, 50)) * ms:>8.2f}ms "
-                        f"{(_pct(via.ttft, 99) - _pct(direct.ttft, 99)) * ms:>8.2f}ms "
-                        f"{(_pct(via.e2e, 50) - _pct(direct.e2e, 50)) * ms:>8.2f}ms "
-                        f"{(_pct(via.e2e, 99) - _pct(direct.e2e, 99)) * ms:>8.2f}ms "
-                        f"{cpu / max(via.chunks, 1) * 1000:>16.4f} "
-                        f"{via.chunks / via.wall:>16.0f}",
+                        f"{mode:8} {conc:>5} {med('ttft50') * ms:>8.2f}ms "
+                        f"{med('ttft99') * ms:>8.2f}ms {med('e2e50') * ms:>8.2f}ms "
+                        f"{med('e2e99') * ms:>8.2f}ms {med('cpu_per_1k'):>16.4f} "
+                        f"{med('chunks_per_s'):>9.0f} {1000 / med('cpu_per_1k'):>25.0f}",
                         flush=True,
                     )
         finally:

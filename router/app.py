@@ -24,6 +24,8 @@ from router.proxy import handle
 from router.state import RouterState
 
 STATE = web.AppKey("state", RouterState)
+# aiohttp's default of 128 drops SYNs when hundreds of clients connect at once (+1 s each).
+BACKLOG = 2048
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -186,7 +188,7 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
     """
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.SockSite(runner, sock)
+    site = web.SockSite(runner, sock, backlog=BACKLOG)
     await site.start()
     host, port = sock.getsockname()[:2]
     return Served(runner, f"http://{host}:{port}")
@@ -200,6 +202,6 @@ def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.s
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(1024)
+    sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock

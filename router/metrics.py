@@ -7,6 +7,7 @@ Everything here is called once per request (or per probe), never per streamed ch
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -31,6 +32,17 @@ DECISION_BUCKETS = (
 _REQ = ("policy", "backend", "class")
 
 
+@dataclass(frozen=True, slots=True)
+class _Children:
+    """The per-request series of one (policy, backend, class) label set."""
+
+    ttft: Histogram
+    tpot: Histogram
+    e2e: Histogram
+    prompt: Counter
+    output: Counter
+
+
 class Metrics:
     """Prometheus metrics of one router process."""
 
@@ -39,6 +51,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._children: dict[tuple[str, str, str], _Children] = {}
         self._requests = Counter(
             "switchyard_requests_total", "Requests by outcome.", [*_REQ, "code"], registry=r
         )
@@ -115,17 +128,26 @@ class Metrics:
     ) -> None:
         """Record one finished request (backend ``none`` when no backend answered)."""
         labels = (policy, backend, request_class)
+        children = self._children.get(labels)
+        if children is None:  # labels() takes a lock and builds a key: do it once per label set
+            children = self._children[labels] = _Children(
+                ttft=self._ttft.labels(*labels),
+                tpot=self._tpot.labels(*labels),
+                e2e=self._e2e.labels(*labels),
+                prompt=self._prompt.labels(*labels),
+                output=self._output.labels(*labels),
+            )
         self._requests.labels(*labels, str(code)).inc()
         if ttft is not None:
-            self._ttft.labels(*labels).observe(ttft)
+            children.ttft.observe(ttft)
         if tpot is not None:
-            self._tpot.labels(*labels).observe(tpot)
+            children.tpot.observe(tpot)
         if e2e is not None:
-            self._e2e.labels(*labels).observe(e2e)
+            children.e2e.observe(e2e)
         if prompt_tokens:
-            self._prompt.labels(*labels).inc(prompt_tokens)
+            children.prompt.inc(prompt_tokens)
         if output_tokens:
-            self._output.labels(*labels).inc(output_tokens)
+            children.output.inc(output_tokens)
 
     def watch_backend(
         self, backend: str, inflight: Callable[[], float], up: Callable[[], float]

@@ -151,18 +151,25 @@ async def open_upstream(
     """
     timeout = client_timeout(timeouts, req.stream)
     first_byte = timeouts.first_byte if req.stream else None
-    attempts = min(failover.max_attempts, len(targets))
+    try:  # the common case, without the retry machinery's per-request cost
+        response = await _attempt(session, targets[0], req, headers, timeout, first_byte)
+        return Opened(targets[0], response, 0)
+    except AttemptFailed as exc:
+        attempts = min(failover.max_attempts, len(targets))
+        if attempts < 2:
+            raise UpstreamFailed(exc.failure, 0) from None
+        on_failover(targets[0].backend.name)
     retrying = AsyncRetrying(
-        stop=stop_after_attempt(attempts),
+        stop=stop_after_attempt(attempts - 1),
         wait=wait_exponential(multiplier=failover.backoff_initial, max=failover.backoff_max),
         retry=retry_if_exception_type(AttemptFailed),
         reraise=True,
     )
-    index = 0
+    index = 1
     try:
         async for attempt in retrying:
             with attempt:
-                if index:
+                if index > 1:
                     on_failover(targets[index - 1].backend.name)
                 target = targets[index]
                 index += 1
