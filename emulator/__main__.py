@@ -60,7 +60,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _serve(options: ServerOptions, host: str, port: int) -> None:
-    runner = web.AppRunner(build_app(options), handler_cancellation=True, access_log=None)
+    # In-flight streams are cut after a short grace on shutdown: an emulator need not drain.
+    runner = web.AppRunner(
+        build_app(options), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
