@@ -64,6 +64,7 @@ class SpillSettings:
     enabled: bool = True
     headroom: float = 1.0
     max_inflight: int = 4
+    initial_inflight: int = 1
     min_high_inflight: int = 1
     min_attainment: float = 0.95
     window: int = 50
@@ -87,8 +88,10 @@ class AdaptiveSettings:
 class SpillGovernor:
     """AIMD on the per-replica spill limit, driven by interactive SLO attainment.
 
-    Over the last ``window`` interactive outcomes on the low-TTFT pool: while attainment is
-    at or above the target each met SLO raises the limit a little (up to ``max_inflight``);
+    The limit starts at ``initial_inflight`` (one slot by default), so spilling proves
+    itself before it grows: the priors may be wrong. Over the last ``window`` interactive
+    outcomes on the low-TTFT pool: while attainment is at or above the target each met SLO
+    raises the limit a little (up to ``max_inflight``);
     a miss while attainment is below the target halves it, at most once per ``window // 4``
     outcomes so one burst of misses does not drive it straight to zero.
     """
@@ -99,7 +102,7 @@ class SpillGovernor:
     _since_cut: int = 0
 
     def __post_init__(self) -> None:
-        self.limit = float(self.settings.max_inflight)
+        self.limit = float(min(self.settings.initial_inflight, self.settings.max_inflight))
         self._outcomes = deque(maxlen=self.settings.window)
 
     @property
@@ -337,6 +340,7 @@ def _spill(p: Params) -> SpillSettings:
         enabled=p.flag("enabled", d.enabled),
         headroom=p.number("headroom", d.headroom, low=0.0, high=1.0),
         max_inflight=p.integer("max_inflight", d.max_inflight),
+        initial_inflight=p.integer("initial_inflight", d.initial_inflight),
         min_high_inflight=p.integer("min_high_inflight", d.min_high_inflight),
         min_attainment=p.number("min_attainment", d.min_attainment, low=0.0, high=1.0),
         window=p.integer("window", d.window, low=1),

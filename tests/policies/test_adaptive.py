@@ -18,7 +18,13 @@ PARAMS: dict[str, object] = {
     "high_throughput": ["deepinfer"],
     "slo": {"interactive": {"ttft_s": 0.5, "tpot_s": 0.1}},
     "prefill_rate_prior": {"vllm": 40_000, "deepinfer": 20_000},
-    "spill": {"max_inflight": 2, "headroom": 0.5, "window": 8, "min_attainment": 0.9},
+    "spill": {
+        "max_inflight": 2,
+        "initial_inflight": 2,
+        "headroom": 0.5,
+        "window": 8,
+        "min_attainment": 0.9,
+    },
 }
 
 
@@ -175,7 +181,7 @@ def test_spill_records_never_outlive_the_routers_inflight_count() -> None:
 
 
 def test_interactive_jumps_spilled_batch_only_on_priority_capable_replicas() -> None:
-    params = {**PARAMS, "spill": {"max_inflight": 2, "headroom": 1.0}}
+    params = {**PARAMS, "spill": {"max_inflight": 2, "initial_inflight": 2, "headroom": 1.0}}
     for capable, head in ((True, "vllm"), (False, "deepinfer")):
         policy = build(params, capable=capable)
         for i in range(2):
@@ -190,11 +196,15 @@ def test_interactive_jumps_spilled_batch_only_on_priority_capable_replicas() -> 
         assert decision.ranked[0] == head
 
 
-def test_governor_halves_on_misses_and_recovers() -> None:
+def test_governor_starts_slow_halves_on_misses_and_recovers() -> None:
     gov = SpillGovernor(SpillSettings(max_inflight=4, window=8, min_attainment=0.9))
+    assert gov.allowed == 1
+    for _ in range(12):
+        gov.record(True)  # +0.25 per met SLO
     assert gov.allowed == 4
-    gov.record(False)  # attainment 0/1 below target, but the cut needs window // 4 outcomes
-    assert gov.allowed == 4
+    gov.record(True)
+    assert gov.allowed == 4  # never above max_inflight
+    # a miss: attainment over the window, 7/8, is below 0.9: halve
     gov.record(False)
     assert gov.allowed == 2
     gov.record(False)
@@ -209,8 +219,13 @@ def test_governor_halves_on_misses_and_recovers() -> None:
         gov.record(True)
         steps += 1
     assert steps <= 12
+
+
+def test_no_spill_slot_until_interactive_attainment_is_known_to_be_met() -> None:
+    gov = SpillGovernor(SpillSettings(max_inflight=0))
+    assert gov.allowed == 0
     gov.record(True)
-    assert gov.allowed == 4  # never above max_inflight
+    assert gov.allowed == 0
 
 
 def test_interactive_misses_on_the_low_pool_stop_the_spill() -> None:
