@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import uvloop
 
@@ -51,8 +52,7 @@ class _Answer(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf + data
@@ -124,7 +124,8 @@ def main() -> int:
     if a.serve:
         uvloop.run(_serve())
         return 0
-    resource.setrlimit(resource.RLIMIT_NOFILE, (65536, 65536))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit it
     argv = [sys.executable, "-m", "benchmarks.replay_throughput", "--serve"]
     target_proc, target = spawn_ready(argv, "target listening on", 20)
     print(f"replay vs a trivial SSE target, arrivals at {a.rate:,.0f} req/s")
