@@ -34,27 +34,13 @@ from policies.predictor import (
     read_predictor,
     read_tpot,
 )
-from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo
+from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo, Slo
 
 # How fast the typical interactive prompt size (used for the headroom check) follows traffic.
 _PROMPT_ALPHA = 0.1
 # Additive increase of the spill limit per interactive request that met its SLO: four such
 # requests re-open one spill slot; a breach of the attainment target halves the limit.
 _LIMIT_STEP = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """Per-class targets: time to first token and time per output token, in seconds."""
-
-    ttft_s: float
-    tpot_s: float
-
-    def met(self, outcome: Outcome) -> bool:
-        """A failed request, or one over either target, misses."""
-        if not outcome.ok or outcome.ttft_s is None or outcome.ttft_s > self.ttft_s:
-            return False
-        return outcome.tpot_s is None or outcome.tpot_s <= self.tpot_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,3 +106,24 @@ class BackendInfo:
     engine: str
     """Engine kind, e.g. ``vllm`` or ``deepinfer``; the same kind forms one pool."""
     priority_capable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """A class's service-level targets: time to first token and time per output token (s).
+
+    Shared by the adaptive policy (spill control) and anything counting goodput.
+    """
+
+    ttft_s: float
+    tpot_s: float
+
+    def met(self, outcome: Outcome) -> bool:
+        """A failed request, or one over either target, misses.
+
+        For a non-streamed response ``ttft_s`` is the whole response time, so it is judged
+        against the TTFT target as a whole.
+        """
+        if not outcome.ok or outcome.ttft_s is None or outcome.ttft_s > self.ttft_s:
+            return False
+        return outcome.tpot_s is None or outcome.tpot_s <= self.tpot_s
