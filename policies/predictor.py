@@ -10,6 +10,10 @@ a configured prior carries the whole weight; it decays away as observations arri
 Learning uses the same queue estimate the prediction uses, so a systematic bias in that
 estimate (e.g. counting prompts already prefilled) is absorbed into the learned rate.
 No clock is involved: the weights decay per observation.
+
+Two smaller learners complete the picture of when a request would finish: ``TpotTracker``
+(time per output token, from streamed outcomes) and ``PaceTracker`` (end-to-end seconds per
+output token of batch work, streamed or not).
 """
 
 from __future__ import annotations
