@@ -23,7 +23,14 @@ from router.classify import Parsed, classify, parse_body
 from router.errors import RouterError, error_response, sse_error_event
 from router.record import Record, bookkeeping
 from router.state import RouterState
-from router.upstream import Opened, Target, UpstreamFailed, downstream_headers, open_upstream
+from router.upstream import (
+    IdleWatch,
+    Opened,
+    Target,
+    UpstreamFailed,
+    downstream_headers,
+    open_upstream,
+)
 
 PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",
@@ -70,8 +77,9 @@ async def handle(
         )
         rec.backend = extra["X-Switchyard-Backend"] = opened.target.backend.name
         rec.failovers = opened.failovers
-        strip = info.stream and not parsed.include_usage and endpoint != "embeddings"
-        return await _relay(request, state, opened, extra, rec, strip)
+        strip = _router_asks_usage(parsed)
+        idle = state.config.timeouts_for(info.request_class).idle
+        return await _relay(request, state, opened, extra, rec, strip, idle)
     except RouterError as exc:
         rec.status = exc.status
         rec.error = {"message": exc.message, "code": exc.code}
@@ -125,6 +133,12 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         ) from None
 
 
+def _router_asks_usage(parsed: Parsed) -> bool:
+    """A stream whose client did not ask for usage: the router asks, then strips it."""
+    info = parsed.info
+    return info.stream and not parsed.include_usage and info.endpoint != "embeddings"
+
+
 def _plan(
     state: RouterState, policy: Policy, parsed: Parsed, raw: bytes, endpoint: Endpoint
 ) -> list[Target]:
@@ -138,7 +152,7 @@ def _plan(
     t0 = time.perf_counter()
     decision = policy.choose(info, candidates)
     state.metrics.decision(policy.name, time.perf_counter() - t0)
-    add_usage = info.stream and not parsed.include_usage and endpoint != "embeddings"
+    add_usage = _router_asks_usage(parsed)
     targets: list[Target] = []
     saturated = False
     for name in decision.ranked:
@@ -149,9 +163,9 @@ def _plan(
         if backend.spec.max_inflight is not None and backend.inflight >= backend.spec.max_inflight:
             saturated = True
             continue
-        body = upstream_body(
-            raw, parsed.doc, model=model, priority=decision.priority, add_usage=add_usage
-        )
+        # Only engines that schedule by priority get the field (others may reject it).
+        priority = decision.priority if backend.spec.priority_capable else None
+        body = upstream_body(raw, parsed.doc, model=model, priority=priority, add_usage=add_usage)
         targets.append(Target(backend, backend.spec.url + PATHS[endpoint], body))
     if not targets:
         if saturated:
@@ -167,6 +181,7 @@ async def _relay(
     extra: dict[str, str],
     rec: Record,
     strip_usage: bool,
+    idle: float | None,
 ) -> web.StreamResponse:
     """Pass the upstream's answer through: whole if JSON, chunk by chunk if SSE."""
     upstream = opened.response
@@ -183,6 +198,7 @@ async def _relay(
     meter = rec.meter = StreamMeter(rec.arrival, strip_usage=strip_usage)
     content = upstream.content
     broken: str | None = None
+    watch = IdleWatch(upstream, idle) if idle else None
     try:
         while True:
             try:
@@ -192,10 +208,15 @@ async def _relay(
                 break
             if not data:
                 break
-            chunk = meter.feed(data, time.monotonic())
+            now = time.monotonic()
+            if watch is not None:
+                watch.last = now
+            chunk = meter.feed(data, now)
             if chunk:
                 await out.write(chunk)
         rec.end = time.monotonic()
+        if watch is not None and watch.fired:
+            broken = f"upstream sent nothing for {idle} s"
         if broken is not None or not meter.done:
             # Bytes already reached the client, so no retry: end its stream with an error.
             message = broken or "upstream stream ended before [DONE]"
@@ -207,6 +228,9 @@ async def _relay(
         await out.write_eof()
     except ConnectionResetError:
         rec.status = CLIENT_CLOSED
+    finally:
+        if watch is not None:
+            watch.cancel()
     return out
 
 

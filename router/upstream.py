@@ -9,6 +9,7 @@ exponential backoff). Once :func:`open_upstream` has returned, the caller never 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -127,11 +128,39 @@ class UpstreamFailed(Exception):
         self.failovers = failovers
 
 
-def client_timeout(t: ClassTimeouts, stream: bool) -> aiohttp.ClientTimeout:
-    # A non-streamed answer arrives whole after the generation, so only `total` bounds it.
-    return aiohttp.ClientTimeout(
-        total=t.total, sock_connect=t.connect, sock_read=t.idle if stream else None
-    )
+def client_timeout(t: ClassTimeouts) -> aiohttp.ClientTimeout:
+    # No sock_read: aiohttp would re-arm a timer on every chunk. Streams get an IdleWatch;
+    # a non-streamed answer arrives whole after the generation, so only `total` bounds it.
+    return aiohttp.ClientTimeout(total=t.total, sock_connect=t.connect)
+
+
+class IdleWatch:
+    """Closes a streaming response when nothing arrived for ``idle`` seconds.
+
+    The relay loop only stores the time of each chunk in :attr:`last`; the timer re-arms
+    itself lazily, so there is one timer per idle period rather than one per chunk.
+    """
+
+    __slots__ = ("_handle", "_idle", "_loop", "_response", "fired", "last")
+
+    def __init__(self, response: aiohttp.ClientResponse, idle: float) -> None:
+        self.last = time.monotonic()
+        self.fired = False
+        self._idle = idle
+        self._response = response
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(idle, self._check)
+
+    def _check(self) -> None:
+        left = self.last + self._idle - time.monotonic()
+        if left > 0:
+            self._handle = self._loop.call_later(left, self._check)
+            return
+        self.fired = True
+        self._response.close()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 async def open_upstream(
@@ -149,7 +178,7 @@ async def open_upstream(
     Each attempt counts in its backend's in-flight figures while it is open; the returned
     backend stays counted until the caller calls ``backend.finish(req)``.
     """
-    timeout = client_timeout(timeouts, req.stream)
+    timeout = client_timeout(timeouts)
     first_byte = timeouts.first_byte if req.stream else None
     try:  # the common case, without the retry machinery's per-request cost
         response = await _attempt(session, targets[0], req, headers, timeout, first_byte)

@@ -13,7 +13,7 @@ import pytest
 
 from router.engines import parse_samples
 from tests.procs import Process, start_emulator
-from tests.router.harness import base_config, client_for, get, start_router, write_config
+from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
 CHAT = [{"role": "user", "content": "Tell me a long story."}]
@@ -170,3 +170,20 @@ def test_client_disconnect_frees_the_engine_slot(tmp_path: Path) -> None:
             )
             text = get(router.url + "/metrics").text
             assert 'code="499"' in text
+
+
+def test_idle_upstream_mid_stream_ends_with_error_event(tmp_path: Path) -> None:
+    # a hundred times slower than the engine: seconds between tokens, far over `idle`
+    with start_emulator("vllm", time_scale=0.01) as slow:
+        doc = base_config([("slow", "vllm", slow.url)])
+        doc["timeouts"] = {"interactive": {"first_byte": 30, "idle": 0.3}}
+        with start_router(write_config(tmp_path, doc)) as router:
+            resp = post(
+                router.url + "/v1/chat/completions",
+                {"model": MODEL, "messages": CHAT, "max_tokens": 50, "stream": True},
+            )
+            assert resp.status == 200
+            events = [e for e in resp.content.split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]"
+            assert b"sent nothing for 0.3 s" in events[-2]
+            assert wait_for(lambda: running(slow) == 0, timeout=5)
