@@ -146,6 +146,12 @@ class _Rank:
             seq.blocks += need
         return True
 
+    def load(self) -> tuple[int, int]:
+        """Balancing key: prompt tokens still to prefill, then sequences held."""
+        pending = sum(s.prefill_target - s.prefilled for s in self.running)
+        pending += sum(s.prefill_target for _, _, s in self.waiting if s.state is State.WAITING)
+        return pending, len(self.running) + self.n_waiting
+
     def cancel(self, seq: Sequence) -> None:
         if seq.state is State.WAITING:
             self.n_waiting -= 1
@@ -295,8 +301,8 @@ class Engine:
 
     def __init__(self, profile: Profile, seed: int = 0) -> None:
         self.profile = profile
-        self.ranks = [_Rank(profile) for _ in range(profile.ranks)]
         self._rng = random.Random(seed)
+        self.ranks = [_Rank(profile) for _ in range(profile.ranks)]
         self._keys = 0
 
     def capacity_tokens(self) -> int:
@@ -316,7 +322,7 @@ class Engine:
         elif how == "hash":
             rank = seq.rng.getrandbits(32) % len(self.ranks)
         else:
-            loads = [len(r.running) + r.n_waiting for r in self.ranks]
+            loads = [r.load() for r in self.ranks]
             rank = loads.index(min(loads))
         seq.rank = rank
         self.ranks[rank].enqueue(seq)

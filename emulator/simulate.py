@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 from emulator.model import Engine, Sequence
@@ -49,15 +50,12 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def summarize(requests: list[RequestTimes], duration: float) -> dict[str, float]:
-    """vLLM-benchmark figures (ms for latencies) from per-request chunk times."""
-    done = [r for r in requests if r.chunk_times]
-    ttfts = [r.ttft for r in done]
-    e2es = [r.e2e for r in done]
-    itls = [g for r in done for g in r.itls()]
-    tokens = sum(r.tokens for r in done)
+def figures(
+    ttfts: list[float], itls: list[float], e2es: list[float], tokens: int, duration: float
+) -> dict[str, float]:
+    """vLLM-benchmark figures (ms for latencies) from per-request measurements in seconds."""
     return {
-        "completed": float(len(done)),
+        "completed": float(len(ttfts)),
         "duration": duration,
         "output_throughput": tokens / duration if duration else 0.0,
         "mean_ttft_ms": 1e3 * sum(ttfts) / len(ttfts),
@@ -69,6 +67,14 @@ def summarize(requests: list[RequestTimes], duration: float) -> dict[str, float]
     }
 
 
+def summarize(requests: list[RequestTimes], duration: float) -> dict[str, float]:
+    """:func:`figures` of the requests that produced at least one chunk."""
+    done = [r for r in requests if r.chunk_times]
+    itls = [g for r in done for g in r.itls()]
+    tokens = sum(r.tokens for r in done)
+    return figures([r.ttft for r in done], itls, [r.e2e for r in done], tokens, duration)
+
+
 def closed_loop(
     profile: Profile,
     *,
@@ -77,12 +83,21 @@ def closed_loop(
     prompt_tokens: int = 8192,
     output_tokens: int = 1024,
     seed: int = 0,
+    client_delay: float = 0.002,
 ) -> tuple[dict[str, float], list[RequestTimes]]:
-    """Run the benchmark shape in virtual time; return the figures and per-request times."""
+    """Run the benchmark shape in virtual time; return the figures and per-request times.
+
+    ``client_delay`` (model seconds) separates a response's end from the next request's
+    arrival, and the first wave's arrivals from each other, as a real client over loopback
+    does. It matters: a request that arrives exactly at a step boundary joins that step,
+    while one that arrives a moment later waits for the whole step (in mixed scheduling, a
+    prefill step can last hundreds of milliseconds).
+    """
     engine = Engine(profile, seed=seed)
     rng = random.Random(seed)
     times: dict[Sequence, RequestTimes] = {}
     log: list[RequestTimes] = []
+    arrivals = deque(i * client_delay for i in range(min(concurrency, requests)))
 
     def send(now: float) -> None:
         seq = Sequence(prompt_tokens, output_tokens, rng=random.Random(rng.getrandbits(64)))
@@ -91,16 +106,21 @@ def closed_loop(
         log.append(rec)
         engine.submit(seq, now)
 
-    for _ in range(min(concurrency, requests)):
-        send(0.0)
     now = 0.0
-    while (deadline := engine.next_deadline()) is not None:
+    while True:
+        deadline = engine.next_deadline()
+        if arrivals and (deadline is None or arrivals[0] <= deadline):
+            now = arrivals.popleft()
+            send(now)
+            continue
+        if deadline is None:
+            break
         now = deadline
         for seq in engine.advance(now):
             rec = times[seq]
             rec.chunk_times.extend([now] * len(seq.chunks))
             rec.tokens = seq.generated
             seq.chunks.clear()
-            if seq.done and len(log) < requests:
-                send(now)
+            if seq.done and len(log) + len(arrivals) < requests:
+                arrivals.append(now + client_delay)
     return summarize(log, now), log

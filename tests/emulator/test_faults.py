@@ -113,7 +113,7 @@ def test_cli_drop_after_and_stall() -> None:
 
 
 def test_max_waiting_rejects_with_503() -> None:
-    args = ["--max-waiting", "1", "--set", "max_num_seqs=1"]
+    args = ["--max-waiting", "1", "--set", "max_num_seqs=1", "--set", "ranks=1"]
     with start_emulator("vllm", time_scale=1, args=args) as emu:
         client = client_for(emu)
         results: list[object] = []
