@@ -63,8 +63,7 @@ def check_config(path: Path) -> int:
     try:
         config = load_checked(path)
     except ConfigError as exc:
-        for key, message in exc.errors:
-            print(f"{key}: {message}" if key else message, file=sys.stderr)
+        _print_errors(exc)
         print(f"{path}: {len(exc.errors)} error(s)", file=sys.stderr)
         return 2
     print(f"{path}: ok ({len(config.backends)} backends, {len(config.policies)} policies)")
@@ -80,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_checked(path)
     except ConfigError as exc:
-        for key, message in exc.errors:
-            print(f"{key}: {message}" if key else message, file=sys.stderr)
+        _print_errors(exc)
         return 2
     listen = replace(
         config.listen,
@@ -91,18 +89,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         print("router: --workers must be at least 1", file=sys.stderr)
         return 2
+    try:  # bind before starting emulators, so a busy port fails fast
+        sock = listen_socket(listen.host, listen.port, reuse_port=args.workers > 1)
+    except OSError as exc:
+        print(f"router: cannot listen on {listen.host}:{listen.port}: {exc}", file=sys.stderr)
+        return 1
     children = Children()
     try:
         config = children.start(replace(config, listen=listen))
         if args.workers == 1:
-            sock = listen_socket(listen.host, listen.port)
             uvloop.run(_worker(config, sock, _announce))
             return 0
-        return _supervise(config, args.workers)
+        return _supervise(config, sock, args.workers)
+    except RuntimeError as exc:  # an emulator child did not come up
+        print(f"router: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
     finally:
         children.stop()
+        sock.close()
+
+
+def _print_errors(exc: ConfigError) -> None:
+    for key, message in exc.errors:
+        print(f"{key}: {message}" if key else message, file=sys.stderr)
 
 
 def _announce(url: str) -> None:
@@ -125,9 +136,8 @@ async def _worker(config: RouterConfig, sock: socket.socket, ready: Callable[[st
         await served.runner.cleanup()
 
 
-def _supervise(config: RouterConfig, workers: int) -> int:
+def _supervise(config: RouterConfig, first: socket.socket, workers: int) -> int:
     """Fork ``workers`` processes on one SO_REUSEPORT port; wait for a signal; stop them."""
-    first = listen_socket(config.listen.host, config.listen.port, reuse_port=True)
     port = first.getsockname()[1]
     ready_r, ready_w = os.pipe()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

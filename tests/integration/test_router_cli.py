@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -55,3 +57,17 @@ def test_workers_share_one_port(tmp_path: Path) -> None:
                 out = client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
                 assert out.choices[0].text
         assert refused(router.url)
+
+
+def test_busy_port_fails_fast(tmp_path: Path) -> None:
+    doc = base_config([("only", "vllm", "http://127.0.0.1:9")])
+    doc["backends"] = [{"name": "only", "engine": "vllm", "emulator": {"profile": "vllm"}}]
+    path = write_config(tmp_path, doc)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = [sys.executable, "-m", "router", "serve", "--config", str(path), "--port", str(port)]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in res.stderr
