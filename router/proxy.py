@@ -9,6 +9,7 @@ cancels the handler, cannot skip it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 
@@ -37,6 +38,7 @@ PATHS: dict[Endpoint, str] = {
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
 }
+log = logging.getLogger("router")
 CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
 
 
@@ -91,6 +93,12 @@ async def handle(
     except asyncio.CancelledError:
         rec.status = CLIENT_CLOSED  # handler_cancellation: the client went away
         raise
+    except Exception:
+        rec.status = 500
+        if opened is not None:
+            raise  # bytes may be out already; aiohttp drops the connection
+        log.exception("request %s failed inside the router", rid)
+        return error_response(RouterError(500, "internal router error", code="internal"), extra)
     finally:
         if opened is not None and rec.info is not None:
             opened.response.close()  # frees the engine slot at once if still streaming
@@ -150,7 +158,11 @@ def _plan(
     if not candidates:
         raise RouterError(503, "no healthy backend serves this model", code="no_backend")
     t0 = time.perf_counter()
-    decision = policy.choose(info, candidates)
+    try:
+        decision = policy.choose(info, candidates)
+    except Exception:  # an out-of-tree policy's bug must not take the request down silently
+        log.exception("policy %s failed to choose", policy.name)
+        raise RouterError(500, f"policy '{policy.name}' failed", code="policy_error") from None
     state.metrics.decision(policy.name, time.perf_counter() - t0)
     add_usage = _router_asks_usage(parsed)
     targets: list[Target] = []

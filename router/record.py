@@ -6,6 +6,7 @@ it completely from its ``finally``: metrics, the policy's ``on_finish`` feedback
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ from common.sse import StreamMeter
 from policies.types import Outcome, RequestInfo
 from router.capture import CaptureEntry
 from router.state import RouterState
+
+log = logging.getLogger("router")
 
 
 @dataclass(slots=True)
@@ -67,7 +70,10 @@ def bookkeeping(request: web.Request, state: RouterState, rec: Record) -> None:
     ok = 200 <= rec.status < 300 and rec.error is None
     if rec.backend is not None:
         outcome = Outcome(rec.status, ok, prompt or 0, output or 0, ttft, e2e, tpot)
-        state.policies[rec.policy].on_finish(info, rec.backend, outcome)
+        try:
+            state.policies[rec.policy].on_finish(info, rec.backend, outcome)
+        except Exception:  # feedback must not break the request's other bookkeeping
+            log.exception("policy %s failed in on_finish", rec.policy)
     if state.capture is not None:
         error = rec.error if rec.error is not None else (fig.error if fig is not None else None)
         state.capture.record(

@@ -64,11 +64,20 @@ _DROP_DOWNSTREAM = frozenset(
 _MAX_ERROR_BODY = 64 * 1024
 
 
+def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
+    """Headers named in ``Connection`` are hop-by-hop too (RFC 9110 7.6.1)."""
+    value = headers.get("Connection") or headers.get("connection")
+    if not value:
+        return frozenset()
+    return frozenset(t.strip().lower() for t in value.split(",") if t.strip())
+
+
 def upstream_headers(
     client: Mapping[str, str], request_id: str, api_key: str | None
 ) -> dict[str, str]:
     """The headers sent to a backend: the client's end-to-end headers plus id and key."""
-    out = {k: v for k, v in client.items() if k.lower() not in _DROP_UPSTREAM}
+    drop = _DROP_UPSTREAM | _connection_tokens(client)
+    out = {k: v for k, v in client.items() if k.lower() not in drop}
     out["X-Request-Id"] = request_id
     out["Content-Type"] = "application/json"
     if api_key:
@@ -78,7 +87,8 @@ def upstream_headers(
 
 def downstream_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
     """The upstream response's end-to-end headers plus the router's own."""
-    out = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in _DROP_DOWNSTREAM)
+    drop = _DROP_DOWNSTREAM | _connection_tokens(upstream)
+    out = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
     out.update(extra)
     return out
 
