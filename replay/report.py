@@ -1,29 +1,18 @@
 """Summaries with vLLM's benchmark metric names, the report JSON and the terminal table.
 
-Per-request figures are kept in compact ``array('d')`` columns (8 bytes a value), so a run of
-100,000 requests costs a few megabytes, not a list of result objects. Percentiles interpolate
-linearly between order statistics, as numpy's default (which vLLM's benchmark uses) does.
+Per-request figures go into :class:`~replay.stats.Column` objects (bounded memory, exact
+percentiles up to 20,000 values a column), never into a list of result objects.
 """
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from replay.client import Result
+from replay.stats import Column
 
 Metrics = dict[str, float | int | None]
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) of sorted ``values``, linear interpolation."""
-    if not values:
-        return None
-    pos = (len(values) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
 class Acc:
@@ -46,28 +35,28 @@ class Acc:
         self.failed = 0
         self.in_tokens = 0
         self.out_tokens = 0
-        self.ttft = array("d")
-        self.tpot = array("d")
-        self.itl = array("d")
-        self.e2e = array("d")
-        self.lag = array("d")
+        self.ttft = Column()
+        self.tpot = Column()
+        self.itl = Column()
+        self.e2e = Column()
+        self.lag = Column()
 
     def add(self, r: Result) -> None:
         """Count ``r``; latencies only from successful requests, send lag from every one."""
         if r.lag is not None:
-            self.lag.append(r.lag)
+            self.lag.add(r.lag)
         if not r.ok:
             self.failed += 1
             return
         self.completed += 1
         self.in_tokens += r.prompt_tokens or 0
         self.out_tokens += r.output_tokens
-        self.ttft.append(r.ttft or 0.0)
+        self.ttft.add(r.ttft or 0.0)
         if r.e2e is not None:
-            self.e2e.append(r.e2e)
+            self.e2e.add(r.e2e)
         tpot = r.tpot
         if tpot is not None:
-            self.tpot.append(tpot)
+            self.tpot.add(tpot)
         self.itl.extend(r.itls)
 
     def metrics(self, duration: float) -> Metrics:
@@ -88,24 +77,21 @@ class Acc:
             ("itl", self.itl, (50, 95)),
             ("e2el", self.e2e, (50, 95, 99)),
         ):
-            s = sorted(col)
-            m[f"mean_{name}_ms"] = sum(s) / len(s) * 1000.0 if s else None
-            for p in pcts:
-                v = percentile(s, p)
-                key = f"median_{name}_ms" if p == 50 else f"p{p}_{name}_ms"
-                m[key] = None if v is None else v * 1000.0
-        lag = sorted(self.lag)
-        for p in (50, 99):
-            v = percentile(lag, p)
-            m[f"send_lag_p{p}_ms"] = None if v is None else v * 1000.0
+            m[f"mean_{name}_ms"] = _ms(col.mean)
+            for p, v in zip(pcts, col.quantiles(pcts), strict=True):
+                m[f"median_{name}_ms" if p == 50 else f"p{p}_{name}_ms"] = _ms(v)
+        for p, v in zip((50, 99), self.lag.quantiles((50, 99)), strict=True):
+            m[f"send_lag_p{p}_ms"] = _ms(v)
         return m
 
     def samples(self, name: str, points: int = 200) -> list[float]:
         """Up to ``points`` evenly spaced order statistics of a latency column, in ms (CDFs)."""
-        s = sorted(getattr(self, name))
-        if len(s) <= points:
-            return [v * 1000.0 for v in s]
-        return [s[round(i * (len(s) - 1) / (points - 1))] * 1000.0 for i in range(points)]
+        column: Column = getattr(self, name)
+        return [v * 1000.0 for v in column.spread(points)]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
 
 
 class Agreement:

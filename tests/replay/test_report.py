@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replay.client import Result
-from replay.report import Acc, RunReport, percentile, render_tables
+from replay.report import Acc, RunReport, render_tables
 
 
 def _ok(cid: str, ttft: float, e2e: float, tokens: int, **kw: object) -> Result:
@@ -26,14 +26,6 @@ def _ok(cid: str, ttft: float, e2e: float, tokens: int, **kw: object) -> Result:
     }
     base.update(kw)
     return Result(**base)  # type: ignore[arg-type]
-
-
-def test_percentile_interpolates_like_numpy() -> None:
-    vals = [1.0, 2.0, 3.0, 4.0]
-    assert percentile(vals, 50) == 2.5
-    assert percentile(vals, 95) == pytest.approx(3.85)
-    assert percentile(vals, 0) == 1.0 and percentile(vals, 100) == 4.0
-    assert percentile([], 50) is None
 
 
 def test_metrics_follow_the_definitions() -> None:
