@@ -48,8 +48,10 @@ class Driver:
     def submit(self, seq: Sequence) -> asyncio.Event:
         """Queue ``seq`` now; the returned event is set whenever it gets chunks."""
         event = asyncio.Event()
+        now = self.model_now()
+        self._dispatch(now)  # complete what is due first: the model's clock never runs back
         self._waiters[seq] = event
-        self.engine.submit(seq, self.model_now())
+        self.engine.submit(seq, now)
         self._kick.set()
         return event
 
@@ -57,7 +59,9 @@ class Driver:
         """Forget ``seq``; if it is still in the engine (client gone), cancel it."""
         self._waiters.pop(seq, None)
         if not seq.done:
-            self.engine.cancel(seq)
+            now = self.model_now()
+            self._dispatch(now)
+            self.engine.cancel(seq, now)
             self._kick.set()
 
     async def _run(self) -> None:
@@ -72,8 +76,12 @@ class Driver:
             kick.clear()
             if handle is not None:
                 handle.cancel()
-            waiters = self._waiters
-            for seq in self.engine.advance(self.model_now() + self._slack):
-                event = waiters.get(seq)
-                if event is not None:
-                    event.set()
+            self._dispatch(self.model_now() + self._slack)
+
+    def _dispatch(self, now: float) -> None:
+        """Complete every event due by ``now`` and wake the streams that got chunks."""
+        waiters = self._waiters
+        for seq in self.engine.advance(now):
+            event = waiters.get(seq)
+            if event is not None:
+                event.set()

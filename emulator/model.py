@@ -48,7 +48,6 @@ class Sequence:
     key: int = 0
     state: State = State.WAITING
     rank: int = -1
-    arrival: float = 0.0
     generated: int = 0
     prefilled: int = 0
     prefill_target: int = 0
@@ -98,9 +97,7 @@ class _Rank:
     def _head(self, now: float) -> Sequence | None:
         while self.waiting and self.waiting[0][2].state is not State.WAITING:
             heapq.heappop(self.waiting)  # cancelled while waiting
-        if self.waiting and self.waiting[0][2].arrival <= now:
-            return self.waiting[0][2]
-        return None
+        return self.waiting[0][2] if self.waiting else None
 
     def _admit(self, now: float) -> Sequence | None:
         """Pop the queue's head if a running slot and its KV blocks are free."""
@@ -310,10 +307,12 @@ class Engine:
         return self.profile.kv_blocks_per_rank * self.profile.kv_block_size - 1
 
     def submit(self, seq: Sequence, now: float) -> None:
-        """Queue ``seq`` arriving at ``now`` on a rank chosen by the profile's rule."""
+        """Queue ``seq`` arriving at ``now`` on a rank chosen by the profile's rule.
+
+        Call :meth:`advance` up to ``now`` first, so a step that began earlier cannot take it.
+        """
         self._keys += 1
         seq.key = self._keys
-        seq.arrival = now
         how = self.profile.rank_assignment
         if len(self.ranks) == 1:
             rank = 0
@@ -328,10 +327,12 @@ class Engine:
         self.ranks[rank].enqueue(seq)
         self.ranks[rank].kick(now)
 
-    def cancel(self, seq: Sequence) -> None:
-        """Remove ``seq`` (client gone): frees its slot and KV blocks at once."""
+    def cancel(self, seq: Sequence, now: float) -> None:
+        """Remove ``seq`` (client gone) at ``now``: frees its slot and KV blocks at once."""
         if not seq.done and seq.rank >= 0:
-            self.ranks[seq.rank].cancel(seq)
+            rank = self.ranks[seq.rank]
+            rank.cancel(seq)
+            rank.kick(now)  # its prefill lane may have just become free
 
     def next_deadline(self) -> float | None:
         """Model time of the next step or prefill completion, None when idle."""

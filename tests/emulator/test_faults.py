@@ -55,7 +55,7 @@ def test_bad_fault_header_is_a_400(vllm: Emulator) -> None:
 
 def test_drop_after_aborts_the_stream(emu: Emulator) -> None:
     got: list[str] = []
-    with pytest.raises(Exception) as info:  # noqa: PT011 - the transport's own error type
+    with pytest.raises(Exception) as info:  # the transport's own error type
         stream = _chat(client_for(emu), "drop_after=5", stream=True)
         for chunk in stream:  # type: ignore[attr-defined]
             if chunk.choices and chunk.choices[0].delta.content:

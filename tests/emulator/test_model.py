@@ -158,7 +158,7 @@ def test_cancel_frees_slot_and_blocks() -> None:
     engine.submit(b, 0.0)
     drain(engine, until=0.05)
     used = engine.kv_usage()
-    engine.cancel(a)
+    engine.cancel(a, 0.05)
     assert engine.num_running == 1 and engine.kv_usage() < used
     drain(engine)
     assert a.state is State.CANCELLED and a.generated < 1000 and b.generated == 1000
@@ -177,3 +177,14 @@ def test_balanced_ranks_spread_and_random_ranks_are_seeded() -> None:
             engine.submit(s, 0.0)
         picks.append([s.rank for s in seqs])
     assert picks[0] == picks[1] and len(set(picks[0])) > 1
+
+
+def test_cancelling_the_prefilling_sequence_starts_the_next() -> None:
+    engine = Engine(OVERLAP)
+    a, b = seq(5000, 5), seq(100, 5)
+    engine.submit(a, 0.0)
+    engine.submit(b, 0.0)  # queued behind a's prefill on the only lane
+    engine.cancel(a, 0.1)
+    assert engine.next_deadline() == pytest.approx(0.1 + 0.010 + 100 * 100e-6)
+    drain(engine)
+    assert b.generated == 5 and a.generated == 0
