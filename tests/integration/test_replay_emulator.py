@@ -151,3 +151,18 @@ def test_convert_writes_a_capture_with_shared_prefixes(tmp_path: Path) -> None:
             elif not k:
                 assert words[i][:16] != words[j][:16]
     assert checked >= 3
+
+
+def test_shards_split_the_trace_between_processes(
+    emus: tuple[Process, Process], tmp_path: Path
+) -> None:
+    burst = TRACES / "formats" / "burstgpt-format-synthetic.csv"
+    seen: list[set[str]] = []
+    for i in range(2):
+        results = tmp_path / f"shard{i}.jsonl"
+        args = ["--target", emus[0].url, "--speed", "50", "--shard", f"{i}/2"]
+        p = replay(str(burst), *args, "--results", str(results))
+        assert p.returncode == 0, p.stderr
+        seen.append({parse_line(line).custom_id for line in results.read_bytes().splitlines()})
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    assert len(seen[0] | seen[1]) == 39  # 40 rows, one with 0 response tokens
