@@ -187,3 +187,35 @@ def test_idle_upstream_mid_stream_ends_with_error_event(tmp_path: Path) -> None:
             assert events[-1] == b"data: [DONE]"
             assert b"sent nothing for 0.3 s" in events[-2]
             assert wait_for(lambda: running(slow) == 0, timeout=5)
+
+
+def test_backend_at_max_inflight_is_skipped_then_429(tmp_path: Path) -> None:
+    with start_emulator("vllm", time_scale=2) as a, start_emulator("deepinfer", time_scale=2) as b:
+        doc = base_config([("a", "vllm", a.url), ("b", "deepinfer", b.url)])
+        doc["backends"][0]["max_inflight"] = 1
+        doc["backends"][1]["max_inflight"] = 1
+        with start_router(write_config(tmp_path, doc)) as router:
+            client = client_for(router.url)
+            long = {"model": MODEL, "messages": CHAT, "max_tokens": 4000}
+            with client.chat.completions.with_streaming_response.create(
+                **long,
+                stream=True,  # type: ignore[arg-type]
+            ) as first:
+                assert first.headers["x-switchyard-backend"] == "a"
+                raw = client.chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=CHAT,
+                    max_tokens=2,  # type: ignore[arg-type]
+                )
+                assert raw.headers["x-switchyard-backend"] == "b"  # a is full: skipped
+                with client.chat.completions.with_streaming_response.create(
+                    **long,
+                    stream=True,  # type: ignore[arg-type]
+                ) as second:
+                    assert second.headers["x-switchyard-backend"] == "b"
+                    with pytest.raises(openai.RateLimitError):
+                        client.chat.completions.create(
+                            model=MODEL,
+                            messages=CHAT,
+                            max_tokens=2,  # type: ignore[arg-type]
+                        )
