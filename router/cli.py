@@ -66,8 +66,22 @@ def check_config(path: Path) -> int:
         _print_errors(exc)
         print(f"{path}: {len(exc.errors)} error(s)", file=sys.stderr)
         return 2
+    for key, message in env_warnings(config):
+        print(f"warning: {key}: {message}", file=sys.stderr)
     print(f"{path}: ok ({len(config.backends)} backends, {len(config.policies)} policies)")
     return 0
+
+
+def env_warnings(config: RouterConfig) -> list[tuple[str, str]]:
+    """Named environment variables that are not set here (valid config, but likely a mistake)."""
+    out = []
+    for i, b in enumerate(config.backends):
+        if b.api_key_env and not os.environ.get(b.api_key_env):
+            out.append((f"backends[{i}].api_key_env", f"${b.api_key_env} is not set"))
+    for i, k in enumerate(config.api_keys):
+        if not os.environ.get(k.env):
+            out.append((f"api_keys[{i}].env", f"${k.env} is not set; this key matches nothing"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"router: cannot listen on {listen.host}:{listen.port}: {exc}", file=sys.stderr)
         return 1
+    for key, message in env_warnings(config):
+        log.warning("%s: %s", key, message)
     children = Children()
     try:
         config = children.start(replace(config, listen=listen))

@@ -148,3 +148,15 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
 def test_examples_are_valid(path: Path) -> None:
     config = load_checked(path)
     assert config.backends and config.default_policy in {p.name for p in config.policies}
+
+
+def test_check_config_warns_about_unset_key_variables(tmp_path: Path) -> None:
+    doc = base_config([("a", "vllm", "http://127.0.0.1:1")])
+    doc["backends"][0]["api_key_env"] = "SY_TEST_UNSET_BACKEND_KEY"
+    doc["api_keys"] = [{"name": "k", "env": "SY_TEST_UNSET_CLIENT_KEY"}]
+    path = write_config(tmp_path, doc)
+    argv = [sys.executable, "-m", "router", "check-config", str(path)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    assert "warning: backends[0].api_key_env: $SY_TEST_UNSET_BACKEND_KEY is not set" in res.stderr
+    assert "warning: api_keys[0].env: $SY_TEST_UNSET_CLIENT_KEY" in res.stderr
