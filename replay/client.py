@@ -51,9 +51,13 @@ class Result:
 
     @property
     def tpot(self) -> float | None:
-        """``(e2e - ttft) / (output tokens - 1)``; None with fewer than two tokens."""
+        """``(e2e - ttft) / (output tokens - 1)``; None with fewer than two tokens.
+
+        Also None for a non-streamed answer: its first byte is its last, so the formula
+        would give 0 and drag every TPOT mean down.
+        """
         n = self.output_tokens
-        if self.ttft is None or self.e2e is None or n < 2:
+        if not self.stream or self.ttft is None or self.e2e is None or n < 2:
             return None
         return (self.e2e - self.ttft) / (n - 1)
 

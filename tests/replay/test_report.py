@@ -89,3 +89,15 @@ def test_shadow_agreement() -> None:
     assert ag["finish_reason"] == 0.5 and ag["output_tokens"] == 0.5 and ag["text"] == 0.5
     assert d["shadow"]["overall"]["mean_ttft_ms"] == pytest.approx(200.0)
     assert "Shadow agreement" in render_tables({"mode": "timed", "target": "t", "runs": [d]})
+
+
+def test_non_streamed_answers_have_no_tpot() -> None:
+    acc = Acc()
+    acc.add(_ok("a", 0.1, 1.1, 11))
+    whole = _ok("b", 2.0, 2.0, 50, stream=False, itls=[])
+    assert whole.tpot is None and whole.ok
+    acc.add(whole)
+    m = acc.metrics(duration=1.0)
+    assert m["mean_tpot_ms"] == pytest.approx(100.0)  # the 0 of the non-streamed one is left out
+    assert m["mean_ttft_ms"] == pytest.approx(1050.0)  # its first byte is its last
+    assert m["total_output_tokens"] == 61
