@@ -282,10 +282,10 @@ def _timeouts(r: Reader, v: object) -> dict[str, ClassTimeouts]:
         p = f"timeouts.{cls}"
         t = r.mapping(entry, p, ["connect", "first_byte", "idle", "total"])
         out[cls] = ClassTimeouts(
-            connect=r.number(t, "connect", p, default=d.connect, lo=0.0, nullable=True),
-            first_byte=r.number(t, "first_byte", p, default=d.first_byte, lo=0.0, nullable=True),
-            idle=r.number(t, "idle", p, default=d.idle, lo=0.0, nullable=True),
-            total=r.number(t, "total", p, default=d.total, lo=0.0, nullable=True),
+            connect=r.bound(t, "connect", p, d.connect),
+            first_byte=r.bound(t, "first_byte", p, d.first_byte),
+            idle=r.bound(t, "idle", p, d.idle),
+            total=r.bound(t, "total", p, d.total),
         )
     return out
 

@@ -122,10 +122,7 @@ class Reader:
         *,
         lo: float | None = None,
         hi: float | None = None,
-        nullable: bool = False,
     ) -> float | D:
-        if nullable and key in m and m[key] is None:
-            return None  # type: ignore[return-value]  # explicit null disables the bound
         v = m.get(key)
         if v is None:
             return default
@@ -136,6 +133,14 @@ class Reader:
             self.add(join(path, key), f"{v} is out of range{_range(lo, hi)}")
             return default
         return float(v)
+
+    def bound(
+        self, m: Mapping[str, object], key: str, path: str, default: float | None
+    ) -> float | None:
+        """A non-negative number of seconds; an explicit ``null`` means no bound."""
+        if key in m and m[key] is None:
+            return None
+        return self.number(m, key, path, default, lo=0.0)
 
     def choice(
         self,
