@@ -67,14 +67,17 @@ class BackendState:
             self._ejected_until = self._clock() + self._health.cooldown
             self._failures = 0
 
-    def probe_result(self, ok: bool) -> None:
-        """Active probe: down after ``failures_to_eject`` misses, up again on one success."""
+    def probe_result(self, ok: bool, *, first: bool = False) -> None:
+        """Active probe: down after ``failures_to_eject`` misses, up again on one success.
+
+        The ``first`` probe (at startup) decides alone: nothing vouches for the backend yet.
+        """
         if ok:
             self._probe_failures = 0
             self.probe_ok = True
             return
         self._probe_failures += 1
-        if self._probe_failures >= self._health.failures_to_eject:
+        if first or self._probe_failures >= self._health.failures_to_eject:
             self.probe_ok = False
 
     def set_load(self, load: EngineLoad) -> None:

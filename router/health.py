@@ -31,7 +31,7 @@ class HealthMonitor:
     async def start(self) -> None:
         """Probe every backend once (so /ready is right from the start), then keep probing."""
         await asyncio.gather(
-            *(self._round(b, models=True, scrape=True) for b in self._pool.backends)
+            *(self._round(b, models=True, scrape=True, first=True) for b in self._pool.backends)
         )
         self._tasks = [asyncio.create_task(self._loop(b)) for b in self._pool.backends]
 
@@ -64,11 +64,17 @@ class HealthMonitor:
             await self._round(backend, models=models, scrape=scrape, probe=probe)
 
     async def _round(
-        self, backend: BackendState, *, models: bool, scrape: bool, probe: bool = True
+        self,
+        backend: BackendState,
+        *,
+        models: bool,
+        scrape: bool,
+        probe: bool = True,
+        first: bool = False,
     ) -> None:
         if probe:
             ok = await self._get(backend, "/health") is not None
-            backend.probe_result(ok)
+            backend.probe_result(ok, first=first)
         if models and not backend.spec.models:
             body = await self._get(backend, "/v1/models")
             if body is not None:

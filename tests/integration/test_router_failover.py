@@ -55,23 +55,44 @@ def flaky() -> Iterator[Process]:
 
 
 def test_refused_then_503_then_success(good: Process, flaky: Process, tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
-    doc = base_config(
-        [("dead", "vllm", dead), ("flaky", "deepinfer", flaky.url), ("good", "sglang", good.url)]
-    )
-    doc["health"] = {"interval": 30, "failures_to_eject": 50}
-    with start_router(write_config(tmp_path, doc)) as router:
-        raw = client_for(router.url).chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=CHAT,
-            max_tokens=4,  # type: ignore[arg-type]
-        )
-        assert raw.headers["x-switchyard-backend"] == "good"
-        assert raw.parse().choices[0].message.content
-        text = get(router.url + "/metrics").text
+    with start_emulator("vllm", time_scale=20) as doomed:
+        backends = [("dead", "vllm", doomed.url), ("flaky", "deepinfer", flaky.url)]
+        doc = base_config([*backends, ("good", "sglang", good.url)])
+        doc["health"] = {"interval": 30, "failures_to_eject": 50}
+        with start_router(write_config(tmp_path, doc)) as router:
+            doomed.proc.kill()  # healthy at startup, refusing connections from now on
+            doomed.proc.wait(10)
+            raw = client_for(router.url).chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=CHAT,
+                max_tokens=4,  # type: ignore[arg-type]
+            )
+            assert raw.headers["x-switchyard-backend"] == "good"
+            assert raw.parse().choices[0].message.content
+            text = get(router.url + "/metrics").text
     assert metric(text, r'switchyard_failovers_total\{backend="dead",policy="class-split"\}') == 1
     assert metric(text, r'switchyard_failovers_total\{backend="flaky",policy="class-split"\}') == 1
     assert metric(text, r'switchyard_failovers_total\{backend="good",policy="class-split"\}') == 0
+
+
+def test_dead_at_startup_is_not_ready_at_once(good: Process, tmp_path: Path) -> None:
+    doc = base_config(
+        [("dead", "vllm", f"http://127.0.0.1:{free_port()}"), ("good", "x", good.url)]
+    )
+    doc["health"] = {"interval": 30, "failures_to_eject": 50}
+    with start_router(write_config(tmp_path, doc)) as router:
+        backends = {
+            b["name"]: b["healthy"] for b in get(router.url + "/switchyard/backends").json()
+        }
+        assert backends == {"dead": False, "good": True}
+        raw = client_for(router.url).chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=2,  # type: ignore[arg-type]
+        )
+        assert raw.headers["x-switchyard-backend"] == "good"
+        text = get(router.url + "/metrics").text
+    assert metric(text, r'switchyard_failovers_total\{backend="dead",policy="class-split"\}') == 0
 
 
 def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path) -> None:

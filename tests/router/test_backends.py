@@ -91,3 +91,11 @@ def test_load_staleness() -> None:
     clock.now += HEALTH.scrape_stale_after + 1
     load = a.candidate().load
     assert load is not None and load.stale and load.age_s > HEALTH.scrape_stale_after
+
+
+def test_first_probe_decides_alone() -> None:
+    a = pool(FakeClock()).by_name["a"]
+    a.probe_result(False, first=True)
+    assert not a.healthy
+    a.probe_result(True)
+    assert a.healthy
