@@ -16,6 +16,7 @@ the tokens it already generated (vLLM's recompute preemption).
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from dataclasses import dataclass, field
 from enum import Enum
@@ -301,18 +302,28 @@ class Engine:
         self._rng = random.Random(seed)
         self.ranks = [_Rank(profile) for _ in range(profile.ranks)]
         self._keys = 0
+        self._incoming: list[tuple[float, int, Sequence]] = []  # heap: in the front end
 
     def capacity_tokens(self) -> int:
         """The most tokens (prompt plus output) one request may hold in one rank's KV cache."""
         return self.profile.kv_blocks_per_rank * self.profile.kv_block_size - 1
 
     def submit(self, seq: Sequence, now: float) -> None:
-        """Queue ``seq`` arriving at ``now`` on a rank chosen by the profile's rule.
+        """Accept ``seq`` at ``now``; it reaches a rank after the front-end delay.
 
         Call :meth:`advance` up to ``now`` first, so a step that began earlier cannot take it.
         """
         self._keys += 1
         seq.key = self._keys
+        p = self.profile
+        delay = (p.frontend_ms + p.frontend_jitter_ms * seq.rng.random()) / 1e3
+        if delay > 0:
+            heapq.heappush(self._incoming, (now + delay, seq.key, seq))
+        else:
+            self._dispatch(seq, now)
+
+    def _dispatch(self, seq: Sequence, now: float) -> None:
+        """Queue ``seq`` on a rank chosen by the profile's rule."""
         how = self.profile.rank_assignment
         if len(self.ranks) == 1:
             rank = 0
@@ -329,7 +340,9 @@ class Engine:
 
     def cancel(self, seq: Sequence, now: float) -> None:
         """Remove ``seq`` (client gone) at ``now``: frees its slot and KV blocks at once."""
-        if not seq.done and seq.rank >= 0:
+        if seq.rank < 0:  # still in the front end
+            seq.state = State.CANCELLED
+        elif not seq.done:
             rank = self.ranks[seq.rank]
             rank.cancel(seq)
             rank.kick(now)  # its prefill lane may have just become free
@@ -337,21 +350,30 @@ class Engine:
     def next_deadline(self) -> float | None:
         """Model time of the next step or prefill completion, None when idle."""
         times = [t for t in (r.deadline() for r in self.ranks) if t is not None]
+        if self._incoming:
+            times.append(self._incoming[0][0])
         return min(times) if times else None
 
     def advance(self, now: float) -> list[Sequence]:
         """Complete every event due by ``now``; return sequences that got new chunks."""
         out: list[Sequence] = []
+        incoming = self._incoming
         while True:
             best: _Rank | None = None
-            best_t = now
+            best_t = math.inf
             for r in self.ranks:
                 t = r.deadline()
-                if t is not None and t <= best_t:
+                if t is not None and t < best_t:
                     best, best_t = r, t
-            if best is None:
+            arrival = incoming[0][0] if incoming else math.inf
+            if min(best_t, arrival) > now:
                 return out
-            best.fire(out)
+            if arrival <= best_t:  # on a tie the arrival is queued before the next step starts
+                _, _, seq = heapq.heappop(incoming)
+                if seq.state is State.WAITING:
+                    self._dispatch(seq, arrival)
+            elif best is not None:
+                best.fire(out)
 
     @property
     def num_running(self) -> int:

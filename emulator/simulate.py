@@ -84,6 +84,7 @@ def closed_loop(
     output_tokens: int = 1024,
     seed: int = 0,
     client_delay: float = 0.002,
+    delay_jitter: float = 0.0,
 ) -> tuple[dict[str, float], list[RequestTimes]]:
     """Run the benchmark shape in virtual time; return the figures and per-request times.
 
@@ -122,5 +123,5 @@ def closed_loop(
             rec.tokens = seq.generated
             seq.chunks.clear()
             if seq.done and len(log) + len(arrivals) < requests:
-                arrivals.append(now + client_delay)
+                arrivals.append(now + client_delay + delay_jitter * rng.random())
     return summarize(log, now), log
