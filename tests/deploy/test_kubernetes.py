@@ -1,0 +1,253 @@
+"""deploy/kubernetes: every manifest parses and carries the fields a cluster needs, and its
+ports, probes, config and commands agree with the router, the replayer and each other."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from router.config import load_config
+from tests.deploy.manifests import (
+    KUBE,
+    Manifest,
+    container_port,
+    expand,
+    flag,
+    load_manifests,
+    matches,
+    one,
+)
+from tests.procs import ROOT
+
+MANIFESTS = load_manifests()
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+# The router's drain deadline when router.yaml has no `shutdown.drain_seconds` (the
+# hardening work's default); the ConfigMap's own value wins when it sets one.
+DEFAULT_DRAIN_SECONDS = 30.0
+PRESTOP_SLACK = 5.0  # what terminationGracePeriodSeconds must keep beyond preStop + drain
+
+DEPLOYMENT = one(MANIFESTS, "Deployment", "switchyard")
+POD: dict[str, Any] = DEPLOYMENT.doc["spec"]["template"]
+ROUTER = POD["spec"]["containers"][0]
+SERVICE = one(MANIFESTS, "Service", "switchyard")
+CONFIGMAP = one(MANIFESTS, "ConfigMap")
+
+
+def router_argv() -> list[str]:
+    argv: list[str] = [*ROUTER.get("command", []), *ROUTER.get("args", [])]
+    assert argv, "the router container states its command (the image's CMD, spelled out)"
+    return argv
+
+
+def configmap_file(tmp_path: Path) -> Path:
+    """The ConfigMap's router.yaml, written out as the pod would see it."""
+    path = tmp_path / "router.yaml"
+    path.write_text(CONFIGMAP.doc["data"]["router.yaml"], encoding="utf-8")
+    return path
+
+
+def router_port(tmp_path: Path) -> int:
+    """--port if given, else the ConfigMap's listen.port."""
+    argv = router_argv()
+    if "--port" in argv:
+        return int(flag(argv, "--port"))
+    return load_config(configmap_file(tmp_path)).listen.port
+
+
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "router", "check-config", str(path)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("m", MANIFESTS, ids=lambda m: f"{m.path.name}:{m.kind}")
+def test_every_manifest_has_the_basic_fields(m: Manifest) -> None:
+    assert m.doc.get("apiVersion") and m.doc.get("kind")
+    if m.kind == "Kustomization":
+        return
+    assert m.name
+    labels = m.doc["metadata"].get("labels", {})
+    assert labels.get("app.kubernetes.io/name") == "switchyard"
+
+
+def test_kustomization_lists_existing_files_and_the_router_objects() -> None:
+    k = one(MANIFESTS, "Kustomization")
+    resources = k.doc["resources"]
+    assert all((KUBE / r).is_file() for r in resources)
+    kinds = {
+        m.kind for m in MANIFESTS if m.path.name in resources
+    }  # what `kubectl apply -k` creates
+    assert {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler"} <= kinds
+    assert "PodDisruptionBudget" in kinds
+
+
+def test_deployment_replicas_resources_and_command() -> None:
+    spec = DEPLOYMENT.doc["spec"]
+    assert spec["replicas"] >= 2
+    assert matches(spec["selector"]["matchLabels"], POD["metadata"]["labels"])
+    requests = ROUTER["resources"]["requests"]
+    assert requests.get("cpu") and requests.get("memory")
+    argv = router_argv()
+    assert argv[0] in SCRIPTS and argv[1] == "serve"
+    assert "--workers" not in argv, "one worker per pod keeps each pod's /metrics exact"
+    host = flag(argv, "--host") if "--host" in argv else None
+    assert host == "0.0.0.0" or (host is None and "0.0.0.0" in CONFIGMAP.doc["data"]["router.yaml"])
+    assert POD["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_ports_and_probes_match_the_router(tmp_path: Path) -> None:
+    port = router_port(tmp_path)
+    assert port in [p["containerPort"] for p in ROUTER["ports"]]
+    ready, live = ROUTER["readinessProbe"]["httpGet"], ROUTER["livenessProbe"]["httpGet"]
+    assert ready["path"] == "/ready" and container_port(ROUTER, ready["port"]) == port
+    assert live["path"] == "/health" and container_port(ROUTER, live["port"]) == port
+    (svc_port,) = SERVICE.doc["spec"]["ports"]
+    assert container_port(ROUTER, svc_port["targetPort"]) == port
+    assert matches(SERVICE.doc["spec"]["selector"], POD["metadata"]["labels"])
+
+
+def test_config_is_mounted_where_the_router_reads_it() -> None:
+    config = Path(flag(router_argv(), "--config"))
+    mounts = {v["mountPath"]: v["name"] for v in ROUTER["volumeMounts"]}
+    volume = mounts[str(config.parent)]
+    (source,) = [v for v in POD["spec"]["volumes"] if v["name"] == volume]
+    assert source["configMap"]["name"] == CONFIGMAP.name
+    assert config.name in CONFIGMAP.doc["data"]
+
+
+def test_termination_grace_covers_prestop_and_the_drain(tmp_path: Path) -> None:
+    config = load_config(configmap_file(tmp_path))
+    shutdown = getattr(config, "shutdown", None)  # present once the hardening work lands
+    drain = float(getattr(shutdown, "drain_seconds", DEFAULT_DRAIN_SECONDS))
+    prestop = ROUTER.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    sleep = float(prestop[1]) if prestop[:1] == ["sleep"] else 0.0
+    grace = POD["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= sleep + drain + PRESTOP_SLACK
+
+
+def test_configmap_router_yaml_passes_check_config(tmp_path: Path) -> None:
+    res = check_config(configmap_file(tmp_path))
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "config" / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_example_configs_pass_check_config(path: Path) -> None:
+    res = check_config(path)
+    assert res.returncode == 0, res.stderr
+
+
+def test_hpa_and_pdb_target_the_router() -> None:
+    hpa = one(MANIFESTS, "HorizontalPodAutoscaler").doc["spec"]
+    ref = hpa["scaleTargetRef"]
+    assert (ref["kind"], ref["name"]) == ("Deployment", DEPLOYMENT.name)
+    assert 2 <= hpa["minReplicas"] <= hpa["maxReplicas"]
+    resources = {m["resource"]["name"] for m in hpa["metrics"] if m["type"] == "Resource"}
+    for name in resources:  # utilization targets are relative to the requests
+        assert name in ROUTER["resources"]["requests"]
+    pdb = one(MANIFESTS, "PodDisruptionBudget").doc["spec"]
+    assert matches(pdb["selector"]["matchLabels"], POD["metadata"]["labels"])
+    replicas = DEPLOYMENT.doc["spec"]["replicas"]
+    if "maxUnavailable" in pdb:
+        assert 1 <= pdb["maxUnavailable"] < replicas
+    else:
+        assert 1 <= pdb["minAvailable"] < replicas
+
+
+def test_servicemonitor_scrapes_the_router_metrics() -> None:
+    sm = one(MANIFESTS, "ServiceMonitor").doc["spec"]
+    assert matches(sm["selector"]["matchLabels"], SERVICE.doc["metadata"]["labels"])
+    (endpoint,) = sm["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in SERVICE.doc["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+
+
+def test_emulator_services_are_where_the_configmap_points(tmp_path: Path) -> None:
+    config = load_config(configmap_file(tmp_path))
+    services = {m.name: m.doc for m in MANIFESTS if m.kind == "Service"}
+    for backend in config.backends:
+        assert backend.url is not None
+        url = urlsplit(backend.url)
+        svc = services[str(url.hostname)]
+        assert url.port in [p["port"] for p in svc["spec"]["ports"]]
+        (deployment,) = [
+            m.doc
+            for m in MANIFESTS
+            if m.kind == "Deployment"
+            and matches(svc["spec"]["selector"], m.doc["spec"]["template"]["metadata"]["labels"])
+        ]
+        (emu,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert emu["args"][0] == "emulator" and flag(emu["args"], "--profile") == backend.engine
+        assert container_port(emu, svc["spec"]["ports"][0]["targetPort"]) == int(
+            flag(emu["args"], "--port")
+        )
+
+
+class TestReplayJob:
+    JOB = one(MANIFESTS, "Job")
+    SPEC = JOB.doc["spec"]
+    CONTAINER = SPEC["template"]["spec"]["containers"][0]
+
+    def argv(self, index: int) -> list[str]:
+        """The container's argv as Kubernetes expands it for one completion index."""
+        env = {"JOB_COMPLETION_INDEX": str(index)}
+        return [expand(a, env) for a in [*self.CONTAINER["command"], *self.CONTAINER["args"]]]
+
+    def test_is_an_indexed_job_of_equal_shards(self) -> None:
+        assert self.SPEC["completionMode"] == "Indexed"
+        n = self.SPEC["completions"]
+        assert n >= 2 and self.SPEC["parallelism"] == n, "every shard runs at once"
+        assert self.SPEC["template"]["spec"]["restartPolicy"] == "Never"
+        raw = [*self.CONTAINER["command"], *self.CONTAINER["args"]]
+        assert flag(raw, "--shard") == f"$(JOB_COMPLETION_INDEX)/{n}"
+        assert "--no-progress" in raw
+        for name in ("--results", "--out"):
+            assert "$(JOB_COMPLETION_INDEX)" in flag(raw, name), f"{name} differs per shard"
+
+    def test_targets_the_router_service(self) -> None:
+        argv = self.argv(0)
+        assert argv[0] == "replay" and argv[0] in SCRIPTS
+        target = urlsplit(flag(argv, "--target"))
+        assert target.hostname == SERVICE.name
+        assert target.port in [p["port"] for p in SERVICE.doc["spec"]["ports"]]
+
+    def test_outputs_land_on_a_mounted_volume(self) -> None:
+        mounts = [v["mountPath"] for v in self.CONTAINER["volumeMounts"]]
+        argv = self.argv(0)
+        for path in (argv[1], flag(argv, "--results"), flag(argv, "--out")):
+            assert any(path.startswith(m.rstrip("/") + "/") for m in mounts), path
+
+    def test_shards_split_a_capture_exactly(self, tmp_path: Path) -> None:
+        """Run the replayer's real CLI with each pod's expanded argv (dry run, the bundled
+        demo capture in place of the volume's): the shards' requests add up to the file's."""
+        capture = ROOT / "config" / "demo-capture.jsonl"
+
+        def planned(argv: list[str]) -> int:
+            cmd = [sys.executable, "-m", "replay", *argv, "--dry-run"]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+            assert res.returncode == 0, res.stderr
+            line = next(ln for ln in res.stdout.splitlines() if ln.startswith("requests"))
+            return int(line.split()[1])
+
+        counts = []
+        for index in range(self.SPEC["completions"]):
+            argv = self.argv(index)[1:]
+            argv[0] = str(capture)
+            counts.append(planned(argv))
+        assert all(counts)
+        assert sum(counts) == planned([str(capture)])
+
+
+def test_manifests_are_plain_yaml_documents() -> None:
+    """No templating left in the files (they apply as they are)."""
+    for path in KUBE.glob("*.yaml"):
+        text = path.read_text(encoding="utf-8")
+        assert "{{" not in text, path
+        list(yaml.safe_load_all(text))
