@@ -1,0 +1,111 @@
+"""Over real HTTP, an independent closed-loop client reproduces the public run's figures.
+
+The client is written here with the official ``openai`` client (not the project's replay or
+SSE code): 100 completions of 8,192 prompt tokens and 1,024 forced output tokens at
+concurrency 16, a new request the moment one finishes. To keep the machine's load sane (the
+emulator runs at time scale 2.5, and only every other request streams, so about 1,400 chunks/s
+reach the client) TTFT and ITL come from the 50 streamed requests, throughput and E2E from
+all 100. Times are multiplied back by the time scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import openai
+import pytest
+
+from tests.procs import start_emulator
+
+SCALE = 2.5
+MODEL = "deepseek-v4.1-flash"
+PUBLISHED = {  # GPUStack's 8x B200 run
+    "vllm": {"tput": 1112.20, "ttft": 2.04, "p95_ttft": 8.27, "itl": 0.01198, "e2e": 14.30},
+    "deepinfer": {"tput": 1392.44, "ttft": 4.28, "p95_ttft": 16.33, "itl": 0.00874, "e2e": 13.23},
+}
+
+
+def _p95(values: list[float]) -> float:
+    s = sorted(values)
+    pos = 0.95 * (len(s) - 1)
+    lo = int(pos)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
+
+
+async def _one(client: openai.AsyncOpenAI, i: int, stream: bool) -> tuple[float, list[float], int]:
+    """Send request ``i``; return (start, content-chunk arrival times or [end], tokens)."""
+    prompt = f"q{i} " + " ".join(["lorem"] * 8191)  # 8,192 tokens under the shared rule
+    extra = {"ignore_eos": True}
+    start = time.perf_counter()
+    if not stream:
+        resp = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=1024, extra_body=extra
+        )
+        assert resp.usage is not None
+        return start, [time.perf_counter()], resp.usage.completion_tokens
+    times: list[float] = []
+    tokens = 0
+    chunks = await client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=1024, extra_body=extra, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    async for chunk in chunks:
+        if chunk.choices and chunk.choices[0].text:
+            times.append(time.perf_counter())
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return start, times, tokens
+
+
+async def _run(url: str) -> dict[str, float]:
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    todo = iter(range(100))
+    results: list[tuple[bool, float, list[float], int]] = []
+
+    async def worker() -> None:
+        for i in todo:
+            stream = i % 2 == 0
+            results.append((stream, *await _one(client, i, stream)))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(16)))
+    duration = time.perf_counter() - t0
+    await client.close()
+    streamed = [(s, t) for ok, s, t, _ in results if ok]
+    ttfts = [t[0] - s for s, t in streamed]
+    gaps = [b - a for _, t in streamed for a, b in itertools.pairwise(t)]
+    return {
+        "tput": sum(n for *_, n in results) / (duration * SCALE),
+        "ttft": SCALE * sum(ttfts) / len(ttfts),
+        "p95_ttft": SCALE * _p95(ttfts),
+        "itl": SCALE * sum(gaps) / len(gaps),
+        "e2e": SCALE * sum(t[-1] - s for _, s, t, _ in results) / len(results),
+        "tokens": float(sum(n for *_, n in results)),
+    }
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, dict[str, float]]:
+    out = {}
+    for name in ("vllm", "deepinfer"):  # one after the other: half the chunk rate
+        with start_emulator(name, time_scale=SCALE) as emu:
+            out[name] = asyncio.run(_run(emu.url))
+    return out
+
+
+@pytest.mark.parametrize("name", ["vllm", "deepinfer"])
+def test_published_figures_within_tolerance(
+    name: str, measured: dict[str, dict[str, float]]
+) -> None:
+    got, pub = measured[name], PUBLISHED[name]
+    ratios = {k: got[k] / pub[k] for k in ("tput", "ttft", "itl", "e2e")}
+    assert got["tokens"] == 100 * 1024
+    for key in ("tput", "ttft", "itl"):
+        assert abs(ratios[key] - 1) <= 0.10, ratios
+    assert abs(ratios["e2e"] - 1) <= 0.20, ratios
+
+
+def test_deepinfer_has_the_heavier_ttft_tail(measured: dict[str, dict[str, float]]) -> None:
+    assert measured["deepinfer"]["p95_ttft"] >= 1.2 * measured["vllm"]["p95_ttft"]
