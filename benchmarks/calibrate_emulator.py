@@ -96,6 +96,28 @@ async def run_shape(url: str, time_scale: float) -> dict[str, float]:
     )
 
 
+def calibrate(name: str, url: str, time_scale: float) -> dict[str, float]:
+    """Run the shape against ``url`` (profile ``name``) and print the comparison table."""
+    t0 = time.monotonic()
+    figs = asyncio.run(run_shape(url, time_scale))
+    done = int(figs["completed"])
+    print(f"\n{name}: {done}/{SHAPE['requests']} requests, {time.monotonic() - t0:.0f}s wall "
+          f"at time scale {time_scale:g}")  # fmt: skip
+    print(table(name, compare(name, figs)), flush=True)
+    return figs
+
+
+def verdict(results: dict[str, dict[str, float]]) -> bool:
+    """Print the tail ratio; True if every figure is within its tolerance."""
+    ok = all(r.ok for name, figs in results.items() for r in compare(name, figs))
+    if {"vllm", "deepinfer"} <= results.keys():
+        ratio = p95_ttft_ratio(results["deepinfer"], results["vllm"])
+        ok &= ratio >= MIN_P95_TTFT_RATIO
+        print(f"\nP95 TTFT deepinfer / vllm: {ratio:.2f} (published 1.97, required "
+              f">= {MIN_P95_TTFT_RATIO})")  # fmt: skip
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the calibration and print measured vs published; exit 1 if out of tolerance."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -104,27 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", help="benchmark this running emulator (one profile)")
     args = p.parse_args(argv)
     results: dict[str, dict[str, float]] = {}
-    ok = True
     for name in args.profiles:
-        t0 = time.monotonic()
         if args.url:
-            results[name] = asyncio.run(run_shape(args.url, args.time_scale))
+            results[name] = calibrate(name, args.url, args.time_scale)
         else:
             with emulator(name, args.time_scale) as url:
-                results[name] = asyncio.run(run_shape(url, args.time_scale))
-        rows = compare(name, results[name])
-        ok &= all(r.ok for r in rows)
-        wall = time.monotonic() - t0
-        done = int(results[name]["completed"])
-        print(f"\n{name}: {done}/{SHAPE['requests']} requests, {wall:.0f}s wall at "
-              f"time scale {args.time_scale:g}")  # fmt: skip
-        print(table(name, rows), flush=True)
-    if {"vllm", "deepinfer"} <= results.keys():
-        ratio = p95_ttft_ratio(results["deepinfer"], results["vllm"])
-        ok &= ratio >= MIN_P95_TTFT_RATIO
-        print(f"\nP95 TTFT deepinfer / vllm: {ratio:.2f} (published 1.97, required "
-              f">= {MIN_P95_TTFT_RATIO})")  # fmt: skip
-    return 0 if ok else 1
+                results[name] = calibrate(name, url, args.time_scale)
+    return 0 if verdict(results) else 1
 
 
 if __name__ == "__main__":
