@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import urllib.request
 
 import openai
@@ -10,7 +12,7 @@ import pytest
 
 from common.tokens import count_chat, count_text
 from tests.emulator.conftest import client_for
-from tests.procs import Emulator
+from tests.procs import Emulator, start_emulator
 
 MODEL = "deepseek-v4.1-flash"
 MESSAGES = [{"role": "user", "content": "Name three rivers, please."}]
@@ -189,3 +191,28 @@ def test_tokenize_health_and_metrics(vllm: Emulator) -> None:
         "vllm:num_preemptions_total",
     ):
         assert f'{name}{{model_name="{MODEL}"' in text or f"{name}{{le=" in text, name
+
+
+def test_priority_field_orders_waiting_requests() -> None:
+    """One running slot; a later request with priority -1 overtakes earlier priority-5 ones."""
+    args = ["--set", "ranks=1", "--set", "max_num_seqs=1", "--set", "scheduling_policy=priority"]
+    with start_emulator("vllm", time_scale=2, args=args) as emu:
+        client = client_for(emu)
+        done: list[str] = []
+
+        def send(tag: str, priority: int, tokens: int) -> None:
+            client.completions.create(
+                model=MODEL, prompt=tag, max_tokens=tokens,
+                extra_body={"ignore_eos": True, "priority": priority},
+            )  # fmt: skip
+            done.append(tag)
+
+        threads = [threading.Thread(target=send, args=("first", 0, 300))]
+        threads += [threading.Thread(target=send, args=(f"batch{i}", 5, 20)) for i in range(2)]
+        threads.append(threading.Thread(target=send, args=("urgent", -1, 20)))
+        for t in threads:
+            t.start()
+            time.sleep(0.2)  # arrive in this order while "first" holds the slot
+        for t in threads:
+            t.join(60)
+        assert done[:2] == ["first", "urgent"], done
