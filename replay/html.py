@@ -48,7 +48,7 @@ const report = JSON.parse(document.getElementById("report").textContent);
 const samples = JSON.parse(document.getElementById("samples").textContent);
 const NS = "http://www.w3.org/2000/svg";
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
-const W = 460, H = 260, L = 56, R = 12, T = 12, B = 40;
+const W = 460, PLOT_H = 220, L = 56, R = 12, T = 12, AXIS = 36, LINE = 14;
 function el(tag, attrs, parent) {
   const e = document.createElementNS(NS, tag);
   for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
@@ -75,6 +75,7 @@ function plot(metric, group, series) {
   cap.textContent = (metric === "ttft" ? "TTFT" : "E2E latency") + " CDF, " +
     (group === "all" ? "all requests" : "class " + group);
   fig.appendChild(cap);
+  const H = T + PLOT_H + AXIS + LINE * series.length;
   const svg = el("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`,
                          "data-metric": metric, "data-group": group});
   fig.appendChild(svg);
@@ -82,15 +83,17 @@ function plot(metric, group, series) {
   for (const s of series) for (const v of s.values) max = Math.max(max, v);
   max = max > 0 ? max : 1;
   const x = (v) => L + (W - L - R) * v / max;
-  const y = (p) => H - B - (H - T - B) * p;
+  const y = (p) => T + PLOT_H * (1 - p);
   el("line", {x1: L, y1: y(0), x2: W - R, y2: y(0), stroke: "#888"}, svg);
   el("line", {x1: L, y1: y(0), x2: L, y2: y(1), stroke: "#888"}, svg);
   for (const p of [0, 0.5, 0.95, 1]) {
     el("text", {x: L - 6, y: y(p) + 4, "text-anchor": "end", "font-size": 11}, svg)
       .textContent = p.toFixed(2);
   }
-  el("text", {x: W - R, y: H - 8, "text-anchor": "end", "font-size": 11}, svg)
-    .textContent = fmt(max) + " ms";
+  for (const [f, anchor] of [[0, "start"], [0.5, "middle"], [1, "end"]]) {
+    el("text", {x: x(f * max), y: y(0) + 14, "text-anchor": anchor, "font-size": 11}, svg)
+      .textContent = fmt(f * max) + " ms";
+  }
   series.forEach((s, i) => {
     const n = s.values.length;
     const pts = s.values.map(
@@ -102,7 +105,7 @@ function plot(metric, group, series) {
     if (n > 0) {
       el("polyline", {points: pts.join(" "), fill: "none", stroke: color, "stroke-width": 2}, g);
     }
-    el("text", {x: L + 8, y: T + 14 + 14 * i, "font-size": 11, fill: color, class: "label"}, g)
+    el("text", {x: L, y: y(0) + AXIS + LINE * i, "font-size": 11, fill: color, class: "label"}, g)
       .textContent = `${s.label}: mean ${g.dataset.meanMs} ms, ` +
         `P95 ${g.dataset.p95Ms} ms (n=${s.metrics.completed})`;
   });

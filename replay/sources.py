@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -101,7 +101,7 @@ class Source:
         if len(self.errors) < 5:
             self.errors.append(f"{self.path}:{row + 1}: {why}")
 
-    def _jsonl(self, parse: Any) -> Iterator[Item]:
+    def _jsonl(self, parse: Callable[[int, Any], Item | None]) -> Iterator[Item]:
         with open(self.path, "rb") as f:
             for row, raw in enumerate(f):
                 line = raw.strip()
