@@ -6,7 +6,9 @@ step whose end is due is completed and the next step starts exactly at the previ
 so time never drifts. Unit tests drive it in virtual time; the HTTP server drives it in real
 time (scaled). Times are model seconds.
 
-Each data-parallel rank has its own KV cache (16-token blocks), its running set and its waiting
+A submitted sequence first spends the profile's front-end delay (API server work), then joins
+a data-parallel rank chosen by the profile's rule (balanced by pending prefill work, random or
+by hash). Each rank has its own KV cache (16-token blocks), its running set and its waiting
 queue (FCFS, or by ``priority`` then arrival). Admission is in queue order without skipping.
 When a decode step needs a KV block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it waits again, to be prefilled again with its prompt and

@@ -51,6 +51,21 @@ class _State:
     created: int
 
 
+@dataclass(slots=True)
+class _Job:
+    """One generation request on its way through the engine."""
+
+    gen: Generation
+    seq: Sequence
+    pieces: list[str]
+    plan: FaultPlan
+    request_id: str  # X-Request-Id as given, or generated
+    rid: str  # response id: chatcmpl-<request_id> or cmpl-<request_id>
+    finish: str
+    started: float
+    created: int
+
+
 STATE = web.AppKey("emulator_state", _State)
 OPTIONS = web.AppKey("emulator_options", ServerOptions)
 
@@ -143,18 +158,24 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         priority=gen.priority,
         rng=random.Random(rng.getrandbits(64)),
     )
-    pieces = output_pieces(rng, length)
-    base_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-    rid = ("chatcmpl-" if chat else "cmpl-") + base_id
-    created = int(time.time())
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    job = _Job(
+        gen=gen,
+        seq=seq,
+        pieces=output_pieces(rng, length),
+        plan=plan,
+        request_id=request_id,
+        rid=("chatcmpl-" if chat else "cmpl-") + request_id,
+        finish=finish,
+        started=started,
+        created=int(time.time()),
+    )
     state.metrics.prompt_tokens.inc(gen.prompt_tokens)
     wake = state.driver.submit(seq)
     try:
         if gen.stream:
-            return await _stream(request, state, gen, seq, wake, pieces, plan, rid, created,
-                                 finish, started)  # fmt: skip
-        return await _whole(request, state, gen, seq, wake, pieces, plan, rid, created, finish,
-                            started)  # fmt: skip
+            return await _stream(request, state.metrics, job, wake)
+        return await _whole(request, state.metrics, job, wake)
     finally:
         state.driver.release(seq)
 
@@ -167,31 +188,21 @@ def _abort(request: web.Request) -> None:
 
 
 async def _stream(
-    request: web.Request,
-    state: _State,
-    gen: Generation,
-    seq: Sequence,
-    wake: asyncio.Event,
-    pieces: list[str],
-    plan: FaultPlan,
-    rid: str,
-    created: int,
-    finish: str,
-    started: float,
+    request: web.Request, metrics: EngineMetrics, job: _Job, wake: asyncio.Event
 ) -> web.StreamResponse:
-    headers = {**_SSE_HEADERS, "X-Request-Id": rid.partition("-")[2]}
-    resp = web.StreamResponse(headers=headers)
+    """Write one SSE event per engine chunk, as the chunks arrive."""
+    gen, seq, pieces = job.gen, job.seq, job.pieces
+    resp = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-Id": job.request_id})
     await resp.prepare(request)
-    framing = _Chunks(gen, rid, created, finish)
+    framing = _Chunks(gen, job.rid, job.created, job.finish)
     if gen.chat:
         head = framing.head.replace(
             b'"delta":{"content":', b'"delta":{"role":"assistant","content":'
         )
         await resp.write(head + b'""' + framing.tail)
-    drop = plan.drop_after
+    drop = job.plan.drop_after
     if drop == 0:
         _abort(request)
-    metrics = state.metrics
     observe_itl = metrics.itl.observe
     length = seq.output_tokens
     sent = 0
@@ -209,16 +220,16 @@ async def _stream(
             if last:
                 observe_itl(now - last)
             else:
-                metrics.ttft.observe(now - started)
+                metrics.ttft.observe(now - job.started)
             last = now
             if drop is not None and sent >= drop:
                 _abort(request)
     metrics.generation_tokens.inc(sent)
-    metrics.e2e.observe(time.perf_counter() - started)
+    metrics.e2e.observe(time.perf_counter() - job.started)
     if gen.include_usage:
         obj = "chat.completion.chunk" if gen.chat else "text_completion"
-        doc = {"id": rid, "object": obj, "created": created, "model": gen.model, "choices": [],
-               "usage": _usage(gen.prompt_tokens, sent)}  # fmt: skip
+        doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
+               "choices": [], "usage": _usage(gen.prompt_tokens, sent)}  # fmt: skip
         await resp.write(b"data: " + orjson.dumps(doc) + b"\n\n")
     await resp.write(_DONE)
     await resp.write_eof()
@@ -226,28 +237,20 @@ async def _stream(
 
 
 async def _whole(
-    request: web.Request,
-    state: _State,
-    gen: Generation,
-    seq: Sequence,
-    wake: asyncio.Event,
-    pieces: list[str],
-    plan: FaultPlan,
-    rid: str,
-    created: int,
-    finish: str,
-    started: float,
+    request: web.Request, metrics: EngineMetrics, job: _Job, wake: asyncio.Event
 ) -> web.StreamResponse:
+    """Wait for the whole output, then answer with one JSON body."""
+    gen, seq, drop = job.gen, job.seq, job.plan.drop_after
     while not seq.done:
         await wake.wait()
         wake.clear()
         seq.chunks.clear()
-        if plan.drop_after is not None and seq.generated >= plan.drop_after:
+        if drop is not None and seq.generated >= drop:
             _abort(request)
     n = seq.output_tokens
-    state.metrics.generation_tokens.inc(n)
-    state.metrics.e2e.observe(time.perf_counter() - started)
-    text = "".join(pieces)
+    metrics.generation_tokens.inc(n)
+    metrics.e2e.observe(time.perf_counter() - job.started)
+    text = "".join(job.pieces)
     if gen.chat:
         message: dict[str, object] = {
             "role": "assistant",
@@ -260,10 +263,10 @@ async def _whole(
     else:
         choice = {"index": 0, "text": text, "prompt_logprobs": None}
         obj = "text_completion"
-    choice.update(logprobs=None, finish_reason=finish, stop_reason=None)
-    doc = {"id": rid, "object": obj, "created": created, "model": gen.model, "choices": [choice],
-           "usage": _usage(gen.prompt_tokens, n)}  # fmt: skip
-    headers = {"X-Request-Id": rid.partition("-")[2]}
+    choice.update(logprobs=None, finish_reason=job.finish, stop_reason=None)
+    doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
+           "choices": [choice], "usage": _usage(gen.prompt_tokens, n)}  # fmt: skip
+    headers = {"X-Request-Id": job.request_id}
     return web.Response(body=orjson.dumps(doc), content_type="application/json", headers=headers)
 
 
