@@ -224,6 +224,26 @@ class TestReplayJob:
         for path in (argv[1], flag(argv, "--results"), flag(argv, "--out")):
             assert any(path.startswith(m.rstrip("/") + "/") for m in mounts), path
 
+    def test_volume_and_data_pod_serve_the_job(self) -> None:
+        """The claim exists, and the pod used to copy files in and out mounts it at the same
+        path and creates the folder the shards write into (the replayer does not)."""
+        claims = {
+            v["persistentVolumeClaim"]["claimName"]
+            for v in self.SPEC["template"]["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        (claim,) = claims
+        one(MANIFESTS, "PersistentVolumeClaim", claim)
+        pod = one(MANIFESTS, "Pod").doc["spec"]
+        (volume,) = [v["name"] for v in pod["volumes"] if v.get("persistentVolumeClaim")]
+        (data,) = pod["containers"]
+        mount = {m["name"]: m["mountPath"] for m in data["volumeMounts"]}[volume]
+        job_mounts = {m["mountPath"] for m in self.CONTAINER["volumeMounts"]}
+        assert mount in job_mounts
+        out_dir = str(Path(flag(self.argv(0), "--results")).parent)
+        assert out_dir == str(Path(flag(self.argv(0), "--out")).parent)
+        assert f"mkdir -p {out_dir}" in " ".join(data["command"])
+
     def test_shards_split_a_capture_exactly(self, tmp_path: Path) -> None:
         """Run the replayer's real CLI with each pod's expanded argv (dry run, the bundled
         demo capture in place of the volume's): the shards' requests add up to the file's."""
