@@ -15,6 +15,7 @@ import os
 import selectors
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,12 +44,16 @@ def start_process(
 ) -> Iterator[Process]:
     """Start ``argv``; wait up to ``timeout`` s for a stdout line ``PREFIX http://HOST:PORT``.
 
-    Stdout after the ready line is drained by nobody, so commands should log to stderr (which
-    is inherited). The process is always terminated, then killed after ``grace`` seconds.
+    Stdout after the ready line is copied to our stderr by a thread, so a chatty child never
+    blocks on a full pipe. The process is always terminated, then killed after ``grace``
+    seconds.
     """
     proc = subprocess.Popen(list(argv), cwd=ROOT, stdout=subprocess.PIPE)
+    drain: threading.Thread | None = None
     try:
         url = _wait_ready(proc, ready_line_prefix, timeout)
+        drain = threading.Thread(target=_copy_to_stderr, args=(proc,), daemon=True)
+        drain.start()
         yield Process(url=url, proc=proc)
     finally:
         if proc.poll() is None:
@@ -58,8 +63,17 @@ def start_process(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(grace)
+        if drain is not None:
+            drain.join(grace)  # EOF follows the exit; join before closing the pipe
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def _copy_to_stderr(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    while data := os.read(fd, 65536):
+        sys.stderr.write(data.decode(errors="replace"))
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str:
