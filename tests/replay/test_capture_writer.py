@@ -216,3 +216,17 @@ def test_kill_9_leaves_only_whole_lines(tmp_path: Path) -> None:
     assert data.endswith(b"\n")
     ids = [parse_line(line).custom_id for line in data.splitlines()]
     assert ids == [f"r{i}" for i in range(len(ids))]
+
+
+async def test_lines_reach_the_file_within_a_second(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl"
+    w = CaptureWriter(CaptureSettings(path=str(path)), on_drop=lambda: None)
+    await w.start()
+    try:
+        w.record(_entry("r0"))
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not (path.exists() and path.stat().st_size):
+            await asyncio.sleep(0.01)
+        assert parse_line(_lines(path)[0]).custom_id == "r0"  # no close, no flush call
+    finally:
+        await w.aclose()
