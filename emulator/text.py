@@ -12,79 +12,14 @@ import hashlib
 import math
 import random
 
-_WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "with",
-    "was",
-    "on",
-    "be",
-    "by",
-    "this",
-    "are",
-    "from",
-    "at",
-    "or",
-    "an",
-    "which",
-    "have",
-    "not",
-    "they",
-    "more",
-    "one",
-    "can",
-    "all",
-    "has",
-    "their",
-    "been",
-    "its",
-    "also",
-    "new",
-    "other",
-    "into",
-    "two",
-    "time",
-    "when",
-    "some",
-    "these",
-    "may",
-    "only",
-    "first",
-    "would",
-    "over",
-    "such",
-    "after",
-    "most",
-    "then",
-    "used",
-    "data",
-    "model",
-    "engine",
-    "token",
-    "request",
-    "batch",
-    "queue",
-    "cache",
-    "latency",
-    "stream",
-    "router",
-    "policy",
-    "prefill",
-    "decode",
-    "throughput",
-    "tail",
-    "load",
-    "rank",
-    "block",
-]
+_VOCABULARY = (
+    "the of and to in is that for it as with was on be by this are from at or an which have "
+    "not they more one can all has their been its also new other into two time when some "
+    "these may only first would over such after most then used data model engine token "
+    "request batch queue cache latency stream router policy prefill decode throughput tail "
+    "load rank block"
+)
+_WORDS = tuple(_VOCABULARY.split())
 _PUNCT = (",", ".")
 
 
