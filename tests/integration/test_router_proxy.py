@@ -222,13 +222,14 @@ def test_mid_stream_failure_ends_with_error_event(router: str) -> None:
     assert events[-1] == b"data: [DONE]"
     assert events[-2].startswith(b'data: {"error"')
     client = client_for(router, **{"X-Emulator-Fault": "drop_after=3"})
-    with pytest.raises(openai.APIError):
-        for _ in client.chat.completions.create(
-            model=MODEL,
-            messages=CHAT,
-            max_tokens=50,
-            stream=True,  # type: ignore[arg-type]
-        ):
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=50,
+        stream=True,
+    )
+    with stream, pytest.raises(openai.APIError):  # closed even though iteration raises
+        for _ in stream:
             pass
 
 
