@@ -1,11 +1,11 @@
 """The replay part of `make demo`: the bundled capture under three policies, side by side.
 
 Starts the embedded default (``router serve``: two emulated engines and the router), replays
-config/demo-capture.jsonl (four minutes of mixed interactive and batch traffic, at --speed 4
-so each run takes about a minute) once per policy among round-robin, class-split and adaptive
+config/demo-capture.jsonl (four minutes of mixed interactive and batch traffic, at --speed 6
+so each run takes about 40 seconds) once per policy among round-robin, class-split and adaptive
 that the router offers, prints the comparison table and writes report.json and report.html::
 
-    .venv/bin/python -m benchmarks.replay_demo [--speed 4] [--out-dir .]
+    .venv/bin/python -m benchmarks.replay_demo [--speed 6] [--out-dir .]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def available_policies(router: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--speed", type=float, default=4.0)
+    p.add_argument("--speed", type=float, default=6.0)
     p.add_argument("--out-dir", type=Path, default=Path("."))
     p.add_argument("--max-requests", type=int, help="cut the capture short (for a quick look)")
     a = p.parse_args(argv)
