@@ -8,11 +8,8 @@ time (scaled). Times are model seconds.
 
 A submitted sequence first spends the profile's front-end delay (API server work), then joins
 a data-parallel rank chosen by the profile's rule (balanced by pending prefill work, random or
-by hash). Each rank has its own KV cache (16-token blocks), its running set and its waiting
-queue (FCFS, or by ``priority`` then arrival). Admission is in queue order without skipping.
-When a decode step needs a KV block and none is free, the most recently admitted sequence is
-preempted: its blocks are freed and it waits again, to be prefilled again with its prompt and
-the tokens it already generated (vLLM's recompute preemption).
+by hash). Each rank (:mod:`emulator.rank`) has its own KV cache in 16-token blocks, running
+set, waiting queue and step clocks.
 """
 
 from __future__ import annotations
@@ -20,280 +17,11 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
-from enum import Enum
 
 from emulator.profiles import Profile
+from emulator.rank import Rank, Sequence, State
 
-
-class State(Enum):
-    """Where a sequence is in its life."""
-
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-    CANCELLED = "cancelled"
-
-
-@dataclass(eq=False, slots=True)
-class Sequence:
-    """One request inside the engine.
-
-    ``output_tokens`` is the length it will generate; ``rng`` draws its tokens-per-chunk (seed
-    it from the request so the same request is chunked the same way under any load).
-    ``chunks`` collects the size of every chunk emitted and not yet taken by the caller.
-    """
-
-    prompt_tokens: int
-    output_tokens: int
-    priority: int = 0
-    rng: random.Random = field(default_factory=lambda: random.Random(0))
-    key: int = 0
-    state: State = State.WAITING
-    rank: int = -1
-    generated: int = 0
-    prefilled: int = 0
-    prefill_target: int = 0
-    blocks: int = 0
-    step_tokens: int = 0
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    preemptions: int = 0
-    chunks: list[int] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        """Whether the sequence has left the engine (finished or cancelled)."""
-        return self.state in (State.FINISHED, State.CANCELLED)
-
-
-class _Rank:
-    """One data-parallel rank: KV cache, queue, running set and its step clock(s)."""
-
-    def __init__(self, profile: Profile) -> None:
-        self.p = profile
-        self.overlap = profile.scheduling == "overlap"
-        self.by_priority = profile.scheduling_policy == "priority"
-        self.free = profile.kv_blocks_per_rank
-        self.waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, key, seq)
-        self.n_waiting = 0
-        self.running: list[Sequence] = []  # admission order
-        self.step_end: float | None = None
-        self.step_decode: list[Sequence] = []
-        self.step_prefill: list[tuple[Sequence, int]] = []
-        self.lane_end: float | None = None  # overlap: the prefill lane's current job
-        self.lane_job: Sequence | None = None
-        self.preemptions = 0
-
-    # queue ---------------------------------------------------------------------------
-    def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.p.kv_block_size)
-
-    def enqueue(self, seq: Sequence) -> None:
-        seq.state = State.WAITING
-        seq.prefill_target = seq.prompt_tokens + seq.generated
-        seq.prefilled = 0
-        prio = seq.priority if self.by_priority else 0
-        heapq.heappush(self.waiting, (prio, seq.key, seq))
-        self.n_waiting += 1
-
-    def _head(self, now: float) -> Sequence | None:
-        while self.waiting and self.waiting[0][2].state is not State.WAITING:
-            heapq.heappop(self.waiting)  # cancelled while waiting
-        return self.waiting[0][2] if self.waiting else None
-
-    def _admit(self, now: float) -> Sequence | None:
-        """Pop the queue's head if a running slot and its KV blocks are free."""
-        head = self._head(now)
-        if head is None or len(self.running) >= self.p.max_num_seqs:
-            return None
-        need = self.blocks_for(head.prefill_target + 1)
-        if need > self.free:
-            return None
-        heapq.heappop(self.waiting)
-        self.n_waiting -= 1
-        self.free -= need
-        head.blocks = need
-        head.state = State.RUNNING
-        self.running.append(head)
-        return head
-
-    def _release(self, seq: Sequence) -> None:
-        self.free += seq.blocks
-        seq.blocks = 0
-        if seq in self.running:
-            self.running.remove(seq)
-
-    def _preempt(self, seq: Sequence) -> None:
-        self._release(seq)
-        seq.preemptions += 1
-        self.preemptions += 1
-        self.enqueue(seq)
-
-    def _grow(self, seq: Sequence, tokens: int) -> bool:
-        """Reserve KV for ``tokens`` more tokens, preempting later admissions if needed.
-
-        Returns False if ``seq`` itself had to be preempted.
-        """
-        need = self.blocks_for(seq.prompt_tokens + seq.generated + tokens) - seq.blocks
-        while need > self.free and self.running[-1] is not seq:
-            self._preempt(self.running[-1])
-        if need > self.free:
-            self._preempt(seq)
-            return False
-        if need > 0:
-            self.free -= need
-            seq.blocks += need
-        return True
-
-    def load(self) -> tuple[int, int]:
-        """Balancing key: prompt tokens still to prefill, then sequences held."""
-        pending = sum(s.prefill_target - s.prefilled for s in self.running)
-        pending += sum(s.prefill_target for _, _, s in self.waiting if s.state is State.WAITING)
-        return pending, len(self.running) + self.n_waiting
-
-    def cancel(self, seq: Sequence) -> None:
-        if seq.state is State.WAITING:
-            self.n_waiting -= 1
-        seq.state = State.CANCELLED
-        self._release(seq)
-        if self.lane_job is seq:
-            self.lane_job = None
-            self.lane_end = None
-
-    # clocks ----------------------------------------------------------------------------
-    def deadline(self) -> float | None:
-        if self.lane_end is None:
-            return self.step_end
-        if self.step_end is None:
-            return self.lane_end
-        return min(self.lane_end, self.step_end)
-
-    def kick(self, now: float) -> None:
-        """Start whatever can start at ``now`` on an idle lane or step loop."""
-        if self.overlap and self.lane_end is None:
-            self._start_lane(now)
-        if self.step_end is None:
-            if self.overlap:
-                self._start_decode(now)
-            else:
-                self._start_mixed(now)
-
-    def fire(self, out: list[Sequence]) -> None:
-        """Complete the earliest due event (prefill lane first on a tie) and restart."""
-        if self.lane_end is not None and (self.step_end is None or self.lane_end <= self.step_end):
-            now = self.lane_end
-            self._end_lane(now, out)
-        else:
-            assert self.step_end is not None
-            now = self.step_end
-            self._end_step(now, out)
-        self.kick(now)
-
-    def _emit(self, seq: Sequence, n: int, now: float, out: list[Sequence]) -> None:
-        n = min(n, seq.output_tokens - seq.generated)
-        seq.generated += n
-        if not seq.chunks:
-            out.append(seq)
-        seq.chunks.append(n)
-        if seq.first_token_at is None:
-            seq.first_token_at = now
-        if seq.generated >= seq.output_tokens:
-            seq.state = State.FINISHED
-            seq.finished_at = now
-            self._release(seq)
-
-    # mixed scheduling (vLLM V1) ------------------------------------------------------------
-    def _start_mixed(self, now: float) -> None:
-        decode: list[Sequence] = []
-        i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            if seq.prefilled >= seq.prefill_target:
-                if not self._grow(seq, 1):
-                    break  # seq was the last admission and is now waiting again
-                decode.append(seq)
-            i += 1
-        budget = self.p.max_num_batched_tokens - len(decode)
-        prefill: list[tuple[Sequence, int]] = []
-        for seq in self.running:
-            if budget <= 0:
-                break
-            left = seq.prefill_target - seq.prefilled
-            if left > 0:
-                chunk = min(left, budget)
-                prefill.append((seq, chunk))
-                budget -= chunk
-        while budget > 0:
-            new = self._admit(now)
-            if new is None:
-                break
-            chunk = min(new.prefill_target, budget)
-            prefill.append((new, chunk))
-            budget -= chunk
-        if not decode and not prefill:
-            return
-        tokens = sum(c for _, c in prefill)
-        self.step_decode, self.step_prefill = decode, prefill
-        self.step_end = now + (
-            self.p.step_base_ms / 1e3
-            + self.p.step_per_prefill_token_us / 1e6 * tokens
-            + self.p.step_per_decode_seq_ms / 1e3 * len(decode)
-        )
-
-    def _end_step(self, now: float, out: list[Sequence]) -> None:
-        self.step_end = None
-        for seq in self.step_decode:
-            if seq.state is State.RUNNING:
-                self._emit(seq, seq.step_tokens or 1, now, out)
-        for seq, chunk in self.step_prefill:
-            if seq.state is State.RUNNING:
-                seq.prefilled += chunk
-                if seq.prefilled >= seq.prefill_target:
-                    self._emit(seq, 1, now, out)
-        self.step_decode, self.step_prefill = [], []
-
-    # overlap scheduling (separate prefill lane) ------------------------------------------------
-    def _start_lane(self, now: float) -> None:
-        seq = self._admit(now)
-        if seq is None:
-            return
-        self.lane_job = seq
-        self.lane_end = now + (
-            self.p.prefill_base_ms / 1e3 + self.p.prefill_per_token_us / 1e6 * seq.prefill_target
-        )
-
-    def _end_lane(self, now: float, out: list[Sequence]) -> None:
-        seq = self.lane_job
-        self.lane_job = self.lane_end = None
-        if seq is not None and seq.state is State.RUNNING:
-            seq.prefilled = seq.prefill_target
-            self._emit(seq, 1, now, out)
-
-    def _start_decode(self, now: float) -> None:
-        decode: list[Sequence] = []
-        per = self.p.tokens_per_chunk
-        whole = int(per)
-        frac = per - whole
-        i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            if seq.prefilled >= seq.prefill_target:
-                k = whole + (1 if frac and seq.rng.random() < frac else 0)
-                k = min(k, seq.output_tokens - seq.generated)
-                if not self._grow(seq, k):
-                    break  # seq was the last admission and is now waiting again
-                seq.step_tokens = k
-                decode.append(seq)
-            i += 1
-        if self.lane_job is not None and self.lane_job.state is not State.RUNNING:
-            self.lane_job = self.lane_end = None  # preempted while prefilling
-        if not decode:
-            return
-        self.step_decode = decode
-        self.step_end = now + (
-            self.p.step_base_ms / 1e3 + self.p.step_per_decode_seq_ms / 1e3 * len(decode)
-        )
+__all__ = ["Engine", "Sequence", "State"]
 
 
 class Engine:
@@ -302,7 +30,7 @@ class Engine:
     def __init__(self, profile: Profile, seed: int = 0) -> None:
         self.profile = profile
         self._rng = random.Random(seed)
-        self.ranks = [_Rank(profile) for _ in range(profile.ranks)]
+        self.ranks = [Rank(profile) for _ in range(profile.ranks)]
         self._keys = 0
         self._incoming: list[tuple[float, int, Sequence]] = []  # heap: in the front end
 
@@ -361,7 +89,7 @@ class Engine:
         out: list[Sequence] = []
         incoming = self._incoming
         while True:
-            best: _Rank | None = None
+            best: Rank | None = None
             best_t = math.inf
             for r in self.ranks:
                 t = r.deadline()

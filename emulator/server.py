@@ -231,8 +231,7 @@ async def _stream(
         doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
                "choices": [], "usage": _usage(gen.prompt_tokens, sent)}  # fmt: skip
         await resp.write(b"data: " + orjson.dumps(doc) + b"\n\n")
-    await resp.write(_DONE)
-    await resp.write_eof()
+    await resp.write_eof(_DONE)  # [DONE] and the stream's end in one write
     return resp
 
 

@@ -189,3 +189,17 @@ def test_cancelling_the_prefilling_sequence_starts_the_next() -> None:
     assert engine.next_deadline() == pytest.approx(0.1 + 0.010 + 100 * 100e-6)
     drain(engine)
     assert b.generated == 5 and a.generated == 0
+
+
+def test_priority_scheduling_preempts_the_lowest_priority_first() -> None:
+    profile = dataclasses.replace(
+        MIXED, kv_cache_tokens=1024, max_num_batched_tokens=4096, scheduling_policy="priority"
+    )
+    engine = Engine(profile)
+    low, high = seq(300, 400, priority=5), seq(300, 400, priority=0)
+    engine.submit(low, 0.0)
+    drain(engine, until=0.0)
+    engine.submit(high, 0.001)  # admitted after low, so FCFS would preempt it first
+    drain(engine)
+    assert low.preemptions > 0 and high.preemptions == 0
+    assert low.generated == high.generated == 400
