@@ -96,7 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         time_scale=args.time_scale,
         seed=args.seed,
     )
-    uvloop.run(_serve(options, args.host, args.port))
+    try:
+        uvloop.run(_serve(options, args.host, args.port))
+    except OSError as exc:  # port taken, address not available
+        print(
+            f"emulator: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr
+        )
+        return 1
     return 0
 
 

@@ -61,3 +61,13 @@ def test_profile_path_and_model_override(tmp_path: Path) -> None:
     with start_emulator(str(path), time_scale=100, args=["--model", "renamed"]) as emu:
         card = client_for(emu).models.list().data[0].model_dump()
     assert card["id"] == "renamed" and card["max_model_len"] == 4096
+
+
+def test_cli_reports_a_taken_port_with_exit_1() -> None:
+    with start_emulator("vllm", time_scale=100) as emu:
+        port = emu.url.rsplit(":", 1)[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "emulator", "--profile", "vllm", "--port", port],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    assert run.returncode == 1 and "cannot listen" in run.stderr
