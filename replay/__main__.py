@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SourceError, OSError, ValueError) as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nreplay: interrupted; no report written", file=sys.stderr)
+        return 130
     report = build_report(opts, replayer.format, runs)
     print(render_tables(report))
     if a.out:

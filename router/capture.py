@@ -225,6 +225,8 @@ class CaptureWriter:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         s = self._settings
+        # Fail at startup, with the OS's reason, if the file cannot be opened for appending.
+        os.close(os.open(s.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         argv = [sys.executable, "-m", "router.capture", s.path, str(s.rotate_bytes or 0)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True)
         assert proc.stdin is not None

@@ -230,3 +230,11 @@ async def test_lines_reach_the_file_within_a_second(tmp_path: Path) -> None:
         assert parse_line(_lines(path)[0]).custom_id == "r0"  # no close, no flush call
     finally:
         await w.aclose()
+
+
+async def test_an_unwritable_path_fails_at_start(tmp_path: Path) -> None:
+    w = CaptureWriter(
+        CaptureSettings(path=str(tmp_path / "missing" / "cap.jsonl")), on_drop=lambda: None
+    )
+    with pytest.raises(FileNotFoundError):
+        await w.start()
