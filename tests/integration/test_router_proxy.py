@@ -286,6 +286,10 @@ def test_operational_endpoints(router: str) -> None:
     backends = get(router + "/switchyard/backends").json()
     assert [b["name"] for b in backends] == ["vllm", "deepinfer"]
     assert all(b["healthy"] and b["inflight"] == 0 for b in backends)
+    # each engine's own /metrics was scraped with its kind's metric names
+    assert all(
+        b["load"] == {"waiting": 0.0, "running": 0.0, "kv_cache_usage": 0.0} for b in backends
+    )
     policies = get(router + "/switchyard/policies").json()
     assert {"name": "class-split", "type": "class-split", "default": True} in policies
     assert sum(p["default"] for p in policies) == 1
