@@ -16,6 +16,7 @@ so lines reach the file as soon as the writer task has them (well within a secon
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import os
 import re
@@ -181,7 +182,7 @@ class CaptureWriter:
                     self._on_drop()
             if lines:
                 try:
-                    await asyncio.to_thread(self._write, b"".join(lines))
+                    await asyncio.to_thread(_write_all, self._pipe, b"".join(lines))
                 except OSError:  # the sink is gone
                     for _ in lines:
                         self._on_drop()
@@ -226,28 +227,27 @@ class CaptureWriter:
     def _spawn(self) -> subprocess.Popen[bytes]:
         s = self._settings
         # Fail at startup, with the OS's reason, if the file cannot be opened for appending.
-        os.close(os.open(s.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        os.close(_open_append(s.path))
         argv = [sys.executable, "-m", "router.capture", s.path, str(s.rotate_bytes or 0)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True)
         assert proc.stdin is not None
         self._pipe = proc.stdin.fileno()
         return proc
 
-    def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self._pipe, view)
-            view = view[n:]
-
 
 class _Sink:
-    """The file side, in its own process: whole lines in, whole lines out, with rotation."""
+    """The file side, in its own process: whole lines in, whole lines out, with rotation.
+
+    Several sinks may share one file (``router serve --workers N`` runs one writer per
+    worker): each write holds an exclusive ``flock`` on the current file, sizes come from the
+    file itself, and a sink whose file was rotated away by a sibling follows the path to the
+    new file before writing.
+    """
 
     def __init__(self, path: str, rotate_bytes: int) -> None:
         self._path = path
         self._limit = rotate_bytes
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = os.fstat(self._fd).st_size
+        self._fd = _open_append(path)
 
     def run(self, fd: int) -> None:
         """Copy complete lines from ``fd`` until EOF; an incomplete last line is discarded."""
@@ -261,33 +261,61 @@ class _Sink:
         os.close(self._fd)
 
     def _lines(self, data: bytes) -> None:
-        if not self._limit or self._size + len(data) <= self._limit:
-            self._write_all(data)
-            return
-        for line in data.splitlines(keepends=True):
-            if self._size and self._size + len(line) > self._limit:
-                self._rotate()
-            self._write_all(line)
+        self._lock_current()
+        try:
+            size = os.fstat(self._fd).st_size
+            if not self._limit or size + len(data) <= self._limit:
+                _write_all(self._fd, data)
+                return
+            for line in data.splitlines(keepends=True):
+                if size and size + len(line) > self._limit:
+                    self._rotate()
+                    size = 0
+                _write_all(self._fd, line)
+                size += len(line)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        self._size += len(data)
+    def _lock_current(self) -> None:
+        """Lock our file; if ``path`` now names another file (rotated), follow it first."""
+        while True:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            mine = os.fstat(self._fd)
+            try:
+                named = os.stat(self._path)
+                if (named.st_ino, named.st_dev) == (mine.st_ino, mine.st_dev):
+                    return
+            except FileNotFoundError:
+                pass
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = _open_append(self._path)
 
     def _rotate(self) -> None:
-        """``path`` becomes ``path.1``; older rotations move up one number."""
+        """``path`` becomes ``path.1``; older rotations move up one number. Called locked."""
         path = self._path
         n = 1
         while os.path.exists(f"{path}.{n}"):
             n += 1
         for k in range(n - 1, 0, -1):
             os.replace(f"{path}.{k}", f"{path}.{k + 1}")
-        os.close(self._fd)
         os.replace(path, f"{path}.1")
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = 0
+        old = self._fd
+        self._fd = _open_append(path)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        fcntl.flock(old, fcntl.LOCK_UN)
+        os.close(old)
+
+
+def _open_append(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
 
 
 if __name__ == "__main__":

@@ -238,3 +238,23 @@ async def test_an_unwritable_path_fails_at_start(tmp_path: Path) -> None:
     )
     with pytest.raises(FileNotFoundError):
         await w.start()
+
+
+async def test_two_workers_share_one_rotating_file(tmp_path: Path) -> None:
+    """`router serve --workers 2`: two writers (two sinks) on one path, rotation included."""
+    path = tmp_path / "cap.jsonl"
+    settings = CaptureSettings(path=str(path), rotate_bytes=3000)
+    writers = [CaptureWriter(settings, on_drop=lambda: None) for _ in range(2)]
+    for w in writers:
+        await w.start()
+    for i in range(60):
+        writers[i % 2].record(_entry(f"r{i}"))
+        if i % 4 == 0:
+            await asyncio.sleep(0.005)
+    for w in writers:
+        await w.aclose()
+    ids = []
+    for f in tmp_path.iterdir():
+        assert f.stat().st_size <= 3000
+        ids += [parse_line(line).custom_id for line in _lines(f)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(60))
