@@ -287,9 +287,10 @@ def test_operational_endpoints(router: str) -> None:
     assert [b["name"] for b in backends] == ["vllm", "deepinfer"]
     assert all(b["healthy"] and b["inflight"] == 0 for b in backends)
     # each engine's own /metrics was scraped with its kind's metric names
-    assert all(
-        b["load"] == {"waiting": 0.0, "running": 0.0, "kv_cache_usage": 0.0} for b in backends
-    )
+    for b in backends:
+        load = b["load"]
+        assert set(load) == {"waiting", "running", "kv_cache_usage"}
+        assert all(isinstance(v, float) and v >= 0 for v in load.values())
     policies = get(router + "/switchyard/policies").json()
     assert {"name": "class-split", "type": "class-split", "default": True} in policies
     assert sum(p["default"] for p in policies) == 1
