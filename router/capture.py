@@ -38,6 +38,8 @@ from router.config import CaptureSettings
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 # The prompt-bearing keys of the OpenAI request bodies the router serves.
 _PROMPT_KEYS = ("messages", "prompt", "input", "suffix")
+# Keys whose string values are structure, not text: kept as they are under `hash`.
+_STRUCTURE_KEYS = frozenset({"role", "type", "id", "tool_call_id"})
 _WORD = re.compile(r"\w+")
 _FILLER = b"abcdefghijklmnopqrstuvwxyz"
 _BATCH = 512
@@ -94,8 +96,8 @@ def _hash_value(v: Any) -> Any:
         return hash_text(v)
     if isinstance(v, list):
         return [_hash_value(x) for x in v]
-    if isinstance(v, dict):
-        return {k: (_hash_value(x) if k in ("content", "text") else x) for k, x in v.items()}
+    if isinstance(v, dict):  # every text inside a message (content, tool-call arguments, ...)
+        return {k: (x if k in _STRUCTURE_KEYS else _hash_value(x)) for k, x in v.items()}
     return v
 
 

@@ -258,3 +258,25 @@ async def test_two_workers_share_one_rotating_file(tmp_path: Path) -> None:
         assert f.stat().st_size <= 3000
         ids += [parse_line(line).custom_id for line in _lines(f)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(60))
+
+
+def test_hash_redaction_reaches_tool_calls_and_parts() -> None:
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "secret plan"}]},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": '{"q": "secret"}'},
+                    }
+                ],
+            },
+        ],
+    }
+    out = orjson.dumps(redact(body, "hash"))
+    assert b"secret" not in out
+    assert b'"role":"assistant"' in out and b'"type":"text"' in out and b'"id":"call_1"' in out
