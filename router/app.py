@@ -150,7 +150,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     # limit=0: the router's own in-flight caps (max_inflight) bound the pool, not aiohttp.
-    connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+    connector = aiohttp.TCPConnector(limit=0)
     # auto_decompress=False: the client gets the engine's bytes exactly as sent.
     state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
     writer = None
