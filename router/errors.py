@@ -7,8 +7,6 @@ exception classes (``BadRequestError``, ``NotFoundError``, ``APIStatusError`` ..
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import orjson
 from aiohttp import web
 
@@ -27,17 +25,21 @@ _TYPES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
 class RouterError(Exception):
-    """A request the router refuses or cannot serve; rendered by :func:`error_response`."""
+    """A request the router refuses or cannot serve; rendered by :func:`error_response`.
 
-    status: int
-    message: str
-    param: str | None = None
-    code: str | None = None
+    A plain exception, not a frozen dataclass: the runtime sets attributes on exceptions
+    (``__notes__``, ``__traceback__``) as they travel.
+    """
 
-    def __str__(self) -> str:
-        return self.message
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
 
 
 def error_body(
