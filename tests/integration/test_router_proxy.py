@@ -308,3 +308,18 @@ def test_metrics_are_labelled_per_policy_backend_class(router: str) -> None:
     assert re.search(r'switchyard_output_tokens_total\{backend="vllm".*\} [1-9]', text)
     assert 'switchyard_backend_up{backend="deepinfer"} 1.0' in text
     assert 'switchyard_policy_decision_seconds_count{policy="class-split"}' in text
+
+
+def test_request_id_is_generated_and_sent_upstream(router: str) -> None:
+    raw = client_for(router).chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=2,  # type: ignore[arg-type]
+    )
+    rid = raw.headers["x-request-id"]
+    assert rid.startswith("req-")
+    assert raw.parse().id == f"chatcmpl-{rid}"  # the emulator names its answer after the id
+    given = client_for(router, **{"X-Request-Id": "mine-1"}).completions.with_raw_response
+    out = given.create(model=MODEL, prompt="x", max_tokens=2)
+    assert out.headers["x-request-id"] == "mine-1"
+    assert out.parse().id.endswith("mine-1")
