@@ -3,14 +3,15 @@
     python -m benchmarks.proxy_overhead [--chunks 64] [--streams 512] [--concurrency 1,64,256]
 
 A tiny SSE upstream (raw asyncio protocol on uvloop, its own process) answers every chat
-request with ``--chunks`` events, each its own write; paced runs sleep 5 ms between them like
-an engine, unpaced runs write them back to back. The load generator (this process) measures,
-per stream, TTFT (request sent -> first event) and E2E (-> end of stream). For each mode and
-concurrency it prints the added TTFT and E2E (router percentile minus direct percentile), the
-router's CPU seconds per 1,000 forwarded chunks (utime+stime from /proc), the chunks/s the
-router forwarded, and 1,000 / (CPU s per 1,000 chunks): what one fully busy router core would
-forward. Direct and routed runs alternate for ``--rounds`` rounds and medians are printed, so
-a burst of other load on the machine hits both sides.
+request with ``--chunks`` events, each its own write; paced runs send one every 5 ms on an
+absolute schedule like an engine's step clock, unpaced runs write them back to back. The
+load generator (this process) measures, per stream, TTFT (request sent -> first event) and
+E2E (-> end of stream). For each mode and concurrency it prints the added TTFT and E2E
+(router percentile minus direct percentile), the router's CPU seconds per 1,000 forwarded
+chunks (utime+stime from /proc), the chunks/s the router forwarded, and 1,000 / (CPU s per
+1,000 chunks): what one fully busy router core would forward. Direct and routed runs
+alternate for ``--rounds`` rounds and medians are printed, so a burst of other load on the
+machine hits both sides.
 """
 
 from __future__ import annotations
@@ -96,9 +97,13 @@ class _Upstream(asyncio.Protocol):
             b"Transfer-Encoding: chunked\r\n\r\n"
         )
         event = _chunk(_EVENT)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         for i in range(chunks):
             if gap and i:
-                await asyncio.sleep(gap)
+                # An absolute schedule, like an engine's step clock: a late wake-up (the
+                # machine is shared with the router) does not push every later chunk back.
+                await asyncio.sleep(max(0.0, start + i * gap - loop.time()))
             self._write(event)
         if usage:
             self._write(_chunk(_USAGE % chunks))
