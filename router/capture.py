@@ -272,7 +272,8 @@ class _Sink:
             for line in data.splitlines(keepends=True):
                 if size and size + len(line) > self._limit:
                     self._rotate()
-                    size = 0
+                    # a sibling may have written to the new file before we locked it
+                    size = os.fstat(self._fd).st_size
                 _write_all(self._fd, line)
                 size += len(line)
         finally:
