@@ -51,9 +51,7 @@ def read_dockerfile(path: Path) -> list[Stage]:
     pending = ""
     for raw in path.read_text(encoding="utf-8").splitlines():
         line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):  # a comment inside a continued instruction
+        if not line or line.startswith("#"):  # also allowed inside a continued instruction
             continue
         if line.endswith("\\"):
             pending += line[:-1] + " "
