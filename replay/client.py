@@ -135,8 +135,9 @@ class Client:
         cls = rec.headers.get("x-request-class")
         if cls:
             headers["x-request-class"] = cls
-        if self._policy:
-            headers["x-switchyard-policy"] = self._policy
+        policy = self._policy or rec.headers.get("x-switchyard-policy")
+        if policy:  # --policy wins; otherwise the policy the client itself asked for
+            headers["x-switchyard-policy"] = policy
         res = Result(rec.custom_id, request_class(rec), 0, False, lag, policy=self._policy)
         start = self._clock()
         meter = StreamMeter(start, keep_itl=True)
