@@ -102,9 +102,13 @@ def _result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
 
 
 class Progress:
-    """``sent / done / failed, elapsed / planned`` on one rewritten terminal line."""
+    """``sent / done / failed, elapsed / planned`` on one rewritten terminal line.
 
-    def __init__(self, runner: Runner, report: RunReport, planned: float, label: str) -> None:
+    ``planned`` is the schedule's length in seconds (open loop) or its request count (closed
+    loop, where time is not planned).
+    """
+
+    def __init__(self, runner: Runner, report: RunReport, planned: str, label: str) -> None:
         self._runner = runner
         self._report = report
         self._planned = planned
@@ -116,7 +120,7 @@ class Progress:
         failed = self._report.overall.failed
         return (
             f"[{self._label}] sent {r.sent}  done {r.done}  failed {failed}  "
-            f"elapsed {now - r.start:6.1f}s / planned {self._planned:.1f}s"
+            f"elapsed {now - r.start:6.1f}s / planned {self._planned}"
         )
 
     async def run(self, out: IO[str], clock: Callable[[], float]) -> None:
@@ -209,7 +213,8 @@ class Replayer:
         runner = Runner(prepare, send, clock=self.clock)
         progress_task = None
         if o.progress:
-            planned = 0.0 if o.concurrency else dry_run(Plan(self._source(model), o.plan)).duration
+            stats = dry_run(Plan(self._source(model), o.plan))
+            planned = f"{stats.requests} requests" if o.concurrency else f"{stats.duration:.1f}s"
             prog = Progress(runner, report, planned, policy or "target")
             progress_task = asyncio.create_task(prog.run(sys.stdout, self.clock))
         plan = Plan(source, o.plan)
