@@ -78,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_window, metavar="START:END")
     p.add_argument("--shard", type=_shard, metavar="I/N")
     p.add_argument("--model", help="model name for imported traces (default: the target's)")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer KEY (captures hold none)")
     p.add_argument("--out", metavar="report.json")
     p.add_argument("--results", metavar="results.jsonl")
     p.add_argument("--html", metavar="report.html")
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         shadow_target=a.shadow_target,
         model=a.model,
         results=a.results,
+        api_key=a.api_key,
         progress=sys.stdout.isatty() and not a.no_progress,
     )
     try:

@@ -42,6 +42,7 @@ class ReplayOptions:
     model: str | None = None
     results: str | None = None
     progress: bool = False
+    api_key: str | None = field(default=None, repr=False)
 
 
 def _stderr(msg: str) -> None:
@@ -153,8 +154,9 @@ class Replayer:
         """Every policy's run, one after another, over the same traffic."""
         o = self.opts
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+        auth = {"authorization": f"Bearer {o.api_key}"} if o.api_key else None
         async with aiohttp.ClientSession(
-            connector=connector, timeout=_TIMEOUT, auto_decompress=False
+            connector=connector, timeout=_TIMEOUT, auto_decompress=False, headers=auth
         ) as session:
             model = o.model or await resolve_model(session, o.target)
             synth = PromptSynth(await target_calibration(session, o.target))

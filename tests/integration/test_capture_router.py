@@ -15,7 +15,7 @@ import openai
 import orjson
 import pytest
 
-from common.capture import CaptureRecord, parse_line
+from common.capture import CaptureRecord, dump_line, parse_line
 from tests.procs import ROOT, start_emulator
 from tests.router.harness import base_config, client_for, start_router, write_config
 
@@ -164,3 +164,38 @@ def test_kill_9_during_capture_leaves_only_whole_lines(
     lines = data.splitlines()
     assert data.endswith(b"\n")
     assert all(parse_line(line).resp is not None for line in lines)
+
+
+def test_replay_sends_the_api_key_it_is_given(
+    emulators: list[tuple[str, str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cap = tmp_path / "cap.jsonl"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    cap.write_bytes(
+        b"".join(
+            dump_line(CaptureRecord(f"k{i}", "/v1/chat/completions", body, t_offset_ms=i))
+            for i in range(4)
+        )
+    )
+    doc = base_config(emulators, require_api_key=True)
+    doc["api_keys"] = [{"name": "bench", "env": "SWITCHYARD_TEST_KEY", "class": "batch"}]
+    monkeypatch.setenv("SWITCHYARD_TEST_KEY", "sk-replay")  # the router child reads it
+    with start_router(write_config(tmp_path, doc)) as router:
+        reports = {}
+        for key in (None, "sk-replay"):
+            out = tmp_path / f"r-{key}.json"
+            extra = ["--api-key", key] if key else []
+            args = [str(cap), "--target", router.url, *extra, "--out", str(out)]
+            p = subprocess.run(
+                [sys.executable, "-m", "replay", *args],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert p.returncode == 0, p.stderr
+            reports[key] = orjson.loads(out.read_bytes())["runs"][0]
+    assert reports[None]["overall"]["failed"] == 4  # 401 without a key
+    assert reports["sk-replay"]["overall"]["completed"] == 4
+    assert set(reports["sk-replay"]["by_class"]) == {"batch"}  # the key's class
