@@ -13,6 +13,7 @@ from aiohttp import web
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -33,13 +34,20 @@ class RouterError(Exception):
     """
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
+        """Sent with the error (e.g. ``Retry-After`` on a 429)."""
 
 
 def error_body(
@@ -56,12 +64,12 @@ def error_body(
 
 
 def error_response(exc: RouterError, headers: dict[str, str] | None = None) -> web.Response:
-    """An aiohttp response carrying ``exc`` as OpenAI error JSON."""
+    """An aiohttp response carrying ``exc`` as OpenAI error JSON (with its own headers)."""
     return web.Response(
         status=exc.status,
         body=error_body(exc.status, exc.message, exc.param, exc.code),
         content_type="application/json",
-        headers=headers,
+        headers={**headers, **exc.headers} if headers else exc.headers,
     )
 
 
