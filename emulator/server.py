@@ -103,9 +103,10 @@ async def _errors(
     except web.HTTPNotFound:
         return _error_response(ApiError(404, f"Not found: {request.method} {request.path}"))
     except web.HTTPMethodNotAllowed:
-        return _error_response(
-            ApiError(405, f"Method {request.method} not allowed on {request.path}")
-        )
+        message = f"Method {request.method} not allowed on {request.path}"
+        return _error_response(ApiError(405, message))
+    except web.HTTPException as exc:  # e.g. 413 for a body over client_max_size
+        return _error_response(ApiError(exc.status, exc.reason))
 
 
 def _usage(prompt: int, completion: int) -> dict[str, object]:
@@ -312,7 +313,7 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
 
 def build_app(options: ServerOptions) -> web.Application:
     """The aiohttp application for one emulated engine."""
-    app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[_errors], client_max_size=8 * 1024 * 1024)
     app[OPTIONS] = options
     app.cleanup_ctx.append(_lifespan)
     app.router.add_post("/v1/chat/completions", _chat)

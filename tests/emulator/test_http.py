@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -216,3 +217,24 @@ def test_priority_field_orders_waiting_requests() -> None:
         for t in threads:
             t.join(60)
         assert done[:2] == ["first", "urgent"], done
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("GET", "/v1/completions", None, 405),
+        ("POST", "/v1/nothing", b"{}", 404),
+        ("POST", "/v1/completions", b"{" + b" " * (9 * 1024 * 1024) + b"}", 413),
+        ("POST", "/v1/completions", b"not json", 400),
+    ],
+)
+def test_transport_level_errors_are_openai_json(
+    vllm: Emulator, method: str, path: str, body: bytes | None, status: int
+) -> None:
+    req = urllib.request.Request(vllm.url + path, data=body, method=method)
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=30)
+    assert info.value.code == status
+    doc = orjson.loads(info.value.read())
+    assert set(doc["error"]) == {"message", "type", "param", "code"}
+    assert doc["error"]["code"] == status
