@@ -90,8 +90,13 @@ async def handle(
         rec.failovers = exc.failovers
         rec.backend = extra["X-Switchyard-Backend"] = exc.last.backend
         return _failed(exc, extra, rec)
-    except asyncio.CancelledError:
-        rec.status = CLIENT_CLOSED  # handler_cancellation: the client went away
+    except asyncio.CancelledError:  # handler_cancellation: the client went away
+        meter = rec.meter
+        if meter is not None and meter.done:
+            # ...after [DONE] had been passed on: the stream was served whole.
+            rec.end = meter.last_event
+        else:
+            rec.status = CLIENT_CLOSED
         raise
     except Exception:
         rec.status = 500
