@@ -89,12 +89,12 @@ def _wait_ready(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> s
                 break
             data = os.read(fd, 4096)
             if not data:
-                raise RuntimeError(f"{proc.args} exited ({proc.wait()}) before ready: {buf!r}")
+                raise RuntimeError(f"{proc.args!r} exited ({proc.wait()}) before ready: {buf!r}")
             buf += data
             for line in buf.decode(errors="replace").splitlines():
                 if line.startswith(prefix):
                     return line[len(prefix) :].strip()
-    raise TimeoutError(f"{proc.args} not ready after {timeout} s: {buf!r}")
+    raise TimeoutError(f"{proc.args!r} not ready after {timeout} s: {buf!r}")
 
 
 @contextlib.contextmanager

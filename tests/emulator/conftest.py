@@ -25,7 +25,8 @@ def deepinfer() -> Iterator[Emulator]:
 @pytest.fixture(params=["vllm", "deepinfer"])
 def emu(request: pytest.FixtureRequest) -> Emulator:
     """Each test using this runs against both profiles."""
-    return request.getfixturevalue(request.param)  # type: ignore[no-any-return]
+    emu: Emulator = request.getfixturevalue(request.param)
+    return emu
 
 
 def client_for(emu: Emulator) -> openai.OpenAI:

@@ -10,25 +10,27 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from openai import Stream
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.emulator.conftest import client_for
 from tests.procs import Emulator, start_emulator
 
 MODEL = "deepseek-v4.1-flash"
-MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story."}]
 
 
 def _chat(
-    client: openai.OpenAI, fault: str | None = None, max_tokens: int = 20, **kw: object
-) -> object:
+    client: openai.OpenAI, fault: str | None = None, max_tokens: int = 20, stream: bool = False
+) -> ChatCompletion | Stream[ChatCompletionChunk]:
     headers = {"X-Emulator-Fault": fault} if fault else {}
     return client.chat.completions.create(
         model=MODEL,
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         max_tokens=max_tokens,
         extra_headers=headers,
         extra_body={"ignore_eos": True},
-        **kw,  # type: ignore[arg-type]
+        stream=stream,
     )
 
 
@@ -57,7 +59,8 @@ def test_drop_after_aborts_the_stream(emu: Emulator) -> None:
     got: list[str] = []
     with pytest.raises(Exception) as info:  # the transport's own error type
         stream = _chat(client_for(emu), "drop_after=5", stream=True)
-        for chunk in stream:  # type: ignore[attr-defined]
+        assert isinstance(stream, Stream)
+        for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 got.append(chunk.choices[0].delta.content)
     assert not isinstance(info.value, AssertionError)

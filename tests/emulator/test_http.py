@@ -10,20 +10,23 @@ import urllib.request
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from common.tokens import count_chat, count_text
 from tests.emulator.conftest import client_for
 from tests.procs import Emulator, start_emulator
 
 MODEL = "deepseek-v4.1-flash"
-MESSAGES = [{"role": "user", "content": "Name three rivers, please."}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Name three rivers, please."}
+]
 
 
 def test_chat_stream_with_usage(emu: Emulator) -> None:
     client = client_for(emu)
     stream = client.chat.completions.create(
         model=MODEL,
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         max_tokens=40,
         stream=True,
         stream_options={"include_usage": True},
@@ -44,7 +47,7 @@ def test_chat_whole_and_max_completion_tokens_wins(emu: Emulator) -> None:
     client = client_for(emu)
     resp = client.chat.completions.create(
         model=MODEL,
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         max_tokens=50,
         max_completion_tokens=7,
         extra_body={"min_tokens": 7},
