@@ -1,0 +1,37 @@
+"""The chaos benchmark, shortened: faults on one backend at a time never fail a request
+before its first byte, and every stream broken mid-way ends with an SSE error event."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.procs import ROOT
+
+FAULT_KINDS = {"kill", "stall", "drop", "503", "429"}
+
+
+def test_chaos_short() -> None:
+    # 14 s at 1.2 s a phase covers kill, stall, drop and 503 on three backends.
+    argv = [sys.executable, "-m", "benchmarks.chaos", "--duration", "14", "--phase", "1.2",
+            "--concurrency", "8", "--json"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    fig = json.loads(out.decode().strip().splitlines()[-1])
+    kinds = {f.split(":")[1] for f in fig["faults"]}
+    assert {"kill", "stall", "drop", "503"} <= kinds <= FAULT_KINDS, fig["faults"]
+    assert fig["sent"] > 100
+    assert fig["failed_before_first_byte"] == 0, fig["first_byte_errors"]
+    assert fig["broken_without_error_event"] == 0
+    assert fig["failed_mid_stream"] > 0  # the drop fault did break streams, each with an event
+    assert fig["succeeded"] + fig["failed_mid_stream"] == fig["sent"]
+    assert fig["failovers"] > 0
+    # Loose: leaking a buffer per request (thousands of them) would exceed it.
+    assert fig["rss_end_kb"] - fig["rss_start_kb"] < 64 * 1024
