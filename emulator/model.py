@@ -46,7 +46,9 @@ class Engine:
         self._keys += 1
         seq.key = self._keys
         p = self.profile
-        delay = (p.frontend_ms + p.frontend_jitter_ms * seq.rng.random()) / 1e3
+        # Tokenizing grows with the prompt; how long it takes varies with the server's load.
+        per_token = p.frontend_per_token_us * 2.0 * seq.rng.random()
+        delay = p.frontend_ms / 1e3 + seq.prompt_tokens * per_token / 1e6
         if delay > 0:
             heapq.heappush(self._incoming, (now + delay, seq.key, seq))
         else:

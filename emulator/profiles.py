@@ -60,9 +60,10 @@ class Profile:
     (``prefill_base_ms + prefill_per_token_us * tokens``) runs beside a decode loop whose steps
     take ``step_base_ms + step_per_decode_seq_ms * sequences`` and emit ``tokens_per_chunk``
     tokens per sequence on average (multi-token prediction). A request reaches the scheduler
-    ``frontend_ms`` plus a uniform random share of ``frontend_jitter_ms`` after it arrives (API
-    server work: parsing, tokenizing, the hop to the engine core); the jitter also keeps
-    identical benchmark requests from staying phase-locked in artificial waves.
+    ``frontend_ms`` plus ``frontend_per_token_us`` per prompt token (times a uniform random
+    factor in [0, 2)) after it arrives: API server work such as parsing and tokenizing, which
+    grows with the prompt and varies with load. That spread also keeps identical benchmark
+    requests from staying phase-locked in artificial waves.
     """
 
     name: str
@@ -83,7 +84,7 @@ class Profile:
     prefill_per_token_us: float = 82.0
     tokens_per_chunk: float = 1.0
     frontend_ms: float = 0.0
-    frontend_jitter_ms: float = 0.0
+    frontend_per_token_us: float = 0.0
     natural_output_tokens: int = 256
     embedding_dim: int = 256
     faults: Faults = field(default_factory=Faults)

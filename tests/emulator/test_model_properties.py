@@ -21,7 +21,7 @@ profiles = st.builds(
     max_num_batched_tokens=st.integers(16, 2048),
     kv_cache_tokens=st.integers(2048, 16384),
     tokens_per_chunk=st.floats(1.0, 2.5),
-    frontend_jitter_ms=st.sampled_from([0.0, 20.0]),
+    frontend_per_token_us=st.sampled_from([0.0, 20.0]),
 )
 requests = st.lists(
     st.tuples(
