@@ -159,12 +159,15 @@ class Replayer:
             connector=connector, timeout=_TIMEOUT, auto_decompress=False, headers=auth
         ) as session:
             model = o.model or await resolve_model(session, o.target)
-            synth = PromptSynth(await target_calibration(session, o.target))
+            calibration = await target_calibration(session, o.target)
             results = open(o.results, "wb") if o.results else None  # noqa: SIM115
             try:
+                # one salt per run: no run finds the previous run's prompts in a prefix cache
                 return [
-                    await self._run_one(session, model, synth, policy, results)
-                    for policy in o.policies
+                    await self._run_one(
+                        session, model, PromptSynth(calibration, salt=n), policy, results
+                    )
+                    for n, policy in enumerate(o.policies)
                 ]
             finally:
                 if results is not None:

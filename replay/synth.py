@@ -138,9 +138,9 @@ async def calibrate(count: Counter) -> Calibration:
     return Calibration(overhead=float(c0), per_word=per_word)
 
 
-def _block_text(block_id: int, words: int) -> str:
-    """``words`` vocabulary words, a pure function of ``block_id``."""
-    x = (block_id * 2654435761 + 12345) & 0xFFFFFFFF
+def _block_text(block_id: int, words: int, salt: int = 0) -> str:
+    """``words`` vocabulary words, a pure function of ``block_id`` and ``salt``."""
+    x = ((block_id * 2654435761) ^ (salt * 0x9E3779B1 + 12345)) & 0xFFFFFFFF
     out = []
     v = len(_VOCAB)
     for _ in range(words):
@@ -150,17 +150,23 @@ def _block_text(block_id: int, words: int) -> str:
 
 
 class PromptSynth:
-    """Builds synthetic chat messages; caches block texts (a bounded LRU)."""
+    """Builds synthetic chat messages; caches block texts (a bounded LRU).
 
-    def __init__(self, calibration: Calibration | None = None) -> None:
+    ``salt`` changes every block's text but not which requests share blocks: the replayer
+    gives each policy's run its own salt, so a run never finds the previous run's prompts in
+    an engine's prefix cache.
+    """
+
+    def __init__(self, calibration: Calibration | None = None, *, salt: int = 0) -> None:
         self.calibration = calibration or Calibration()
+        self.salt = salt
         self._blocks: OrderedDict[tuple[int, int], str] = OrderedDict()
 
     def _block(self, block_id: int, words: int) -> str:
         key = (block_id, words)
         text = self._blocks.get(key)
         if text is None:
-            text = _block_text(block_id, words)
+            text = _block_text(block_id, words, self.salt)
             self._blocks[key] = text
             if len(self._blocks) > _CACHE_BLOCKS:
                 self._blocks.popitem(last=False)

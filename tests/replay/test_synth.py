@@ -45,3 +45,18 @@ async def test_calibration_fits_another_tokenizer() -> None:
     assert cal == Calibration(overhead=10.0, per_word=2.0)
     msgs = PromptSynth(cal).messages(Synth(1000), "z")
     assert await count(msgs) == 1000
+
+
+def test_a_salt_changes_the_text_but_not_the_sharing() -> None:
+    a0, b0 = (
+        PromptSynth().messages(Synth(2 * BLOCK_TOKENS, ids), s)[0]["content"]
+        for ids, s in (((1, 2), "a"), ((1, 3), "b"))
+    )
+    a1, b1 = (
+        PromptSynth(salt=1).messages(Synth(2 * BLOCK_TOKENS, ids), s)[0]["content"]
+        for ids, s in (((1, 2), "a"), ((1, 3), "b"))
+    )
+    first = BLOCK_TOKENS
+    assert a0.split()[:first] == b0.split()[:first] and a1.split()[:first] == b1.split()[:first]
+    assert a0.split()[:first] != a1.split()[:first]
+    assert count_chat([{"role": "user", "content": a1}]) == 2 * BLOCK_TOKENS
