@@ -70,3 +70,25 @@ def test_any_split_same_figures(tokens: list[str], cuts: list[int]) -> None:
     )
     assert a.content_events == len(tokens)
     assert forwarded == b"".join(_chat_stream(tokens, usage=False))
+
+
+def test_crlf_framing_and_flush() -> None:
+    lf = b"".join(_chat_stream(["a", "b"], usage=True))
+    crlf = lf.replace(b"\n", b"\r\n")
+    meter = StreamMeter(0.0, strip_usage=True)
+    out = meter.feed(crlf[:-3], 1.0) + meter.flush()
+    assert meter.figures().completion_tokens == 2
+    assert meter.figures().content_events == 2
+    assert out == b"".join(_chat_stream(["a", "b"], usage=False)).replace(b"\n", b"\r\n")[:-3]
+
+
+def test_without_gap_tracking_first_token_and_usage_still_measured() -> None:
+    events = _chat_stream(["a", "b", "c"], usage=True)
+    meter = StreamMeter(0.0, track_gaps=False)
+    for i, e in enumerate(events):
+        meter.feed(e, float(i))
+    fig = meter.figures()
+    assert fig.ttft == 2.0
+    assert fig.content_events == 1
+    assert fig.completion_tokens == 3
+    assert fig.tpot == (fig.e2e - 2.0) / 2  # type: ignore[operator]
