@@ -143,7 +143,6 @@ class Replayer:
         self.opts = opts
         self.clock = clock
         self.format: Format | None = opts.format
-        self.skipped = 0
 
     def _source(self, model: str) -> Source:
         src = Source(self.opts.file, self.opts.format, model=model)
@@ -234,11 +233,13 @@ class Replayer:
                 progress_task.cancel()
                 await asyncio.gather(progress_task, return_exceptions=True)
         report.duration = timing.duration
-        self.skipped = source.skipped
-        for err in source.errors:
-            _stderr(f"replay: skipped {err}")
-        if plan.out_of_order:
-            _stderr(f"replay: {plan.out_of_order} rows were out of order in the file")
+        if synth.salt == 0:  # the file is the same for every run: tell once
+            for err in source.errors:
+                _stderr(f"replay: skipped {err}")
+            if source.skipped > len(source.errors):
+                _stderr(f"replay: skipped {source.skipped} rows in all")
+            if plan.out_of_order:
+                _stderr(f"replay: {plan.out_of_order} rows were out of order in the file")
         return report
 
 
