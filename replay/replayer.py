@@ -161,11 +161,8 @@ class Replayer:
             calibration = await target_calibration(session, o.target)
             results = open(o.results, "wb") if o.results else None  # noqa: SIM115
             try:
-                # one salt per run: no run finds the previous run's prompts in a prefix cache
                 return [
-                    await self._run_one(
-                        session, model, PromptSynth(calibration, salt=n), policy, results
-                    )
+                    await self._run_one(session, model, calibration, n, policy, results)
                     for n, policy in enumerate(o.policies)
                 ]
             finally:
@@ -176,11 +173,14 @@ class Replayer:
         self,
         session: aiohttp.ClientSession,
         model: str,
-        synth: PromptSynth,
+        calibration: Calibration,
+        index: int,
         policy: str | None,
         results: IO[bytes] | None,
     ) -> RunReport:
         o = self.opts
+        # one salt per run: no run finds the previous run's prompts in a prefix cache
+        synth = PromptSynth(calibration, salt=index)
         report = RunReport(policy, shadow_target=o.shadow_target)
         client = Client(session, o.target, policy=policy, clock=self.clock)
         shadow = (
@@ -233,7 +233,7 @@ class Replayer:
                 progress_task.cancel()
                 await asyncio.gather(progress_task, return_exceptions=True)
         report.duration = timing.duration
-        if synth.salt == 0:  # the file is the same for every run: tell once
+        if index == 0:  # the file is the same for every run: tell once
             for err in source.errors:
                 _stderr(f"replay: skipped {err}")
             if source.skipped > len(source.errors):
