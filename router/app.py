@@ -6,6 +6,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 import aiohttp
 import orjson
@@ -13,7 +14,8 @@ from aiohttp import web
 
 from policies.base import Policy
 from policies.registry import PolicyConfigError, build_policy
-from policies.types import RequestClass
+from policies.types import REQUEST_CLASSES, RequestClass
+from router.admission import Admission
 from router.backends import BackendState, Pool
 from router.capture import CaptureWriter
 from router.config import ConfigError, RouterConfig
@@ -21,6 +23,8 @@ from router.errors import RouterError, error_response
 from router.health import HealthMonitor
 from router.metrics import Metrics
 from router.proxy import handle
+from router.shadow import Shadows
+from router.slo import slo_table
 from router.state import RouterState
 
 STATE = web.AppKey("state", RouterState)
@@ -52,15 +56,22 @@ def build_app(config: RouterConfig, *, metrics: Metrics | None = None) -> web.Ap
         value = os.environ.get(key.env)
         if value:
             key_classes[value] = key.request_class
+    policies = build_policies(config, pool)
+    metrics = metrics if metrics is not None else Metrics()
     state = RouterState(
         config=config,
         pool=pool,
-        policies=build_policies(config, pool),
-        metrics=metrics if metrics is not None else Metrics(),
+        policies=policies,
+        metrics=metrics,
         key_classes=key_classes,
+        admission=Admission(config.admission),
+        shadows=Shadows(config.shadow, pool, policies, metrics),
+        slo=slo_table(policies, config.default_policy),
     )
     for b in pool.backends:
         _watch(state.metrics, b)
+    for cls in REQUEST_CLASSES:
+        metrics.watch_queue(cls, partial(state.admission.waiting, cls))
     # Bodies are size-checked by the handler so that the 413 is OpenAI-shaped.
     app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=[_errors])
     app[STATE] = state
@@ -164,6 +175,7 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await monitor.aclose()
+        await state.shadows.aclose()
         if writer is not None:
             state.capture = None
             await writer.aclose()

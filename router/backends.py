@@ -52,9 +52,18 @@ class BackendState:
         self.outstanding_prompt += req.prompt_tokens
         self.outstanding_output += req.expected_output_tokens
 
-    def finish(self, req: RequestInfo) -> None:
-        self.inflight -= 1
+    def prefilled(self, req: RequestInfo) -> None:
+        """The first streamed byte arrived: the prompt no longer waits for prefill.
+
+        From here on ``outstanding_prompt`` means prompt tokens still waiting for prefill,
+        which is what the TTFT predictor needs; pass ``prefilled=True`` to :meth:`finish`.
+        """
         self.outstanding_prompt -= req.prompt_tokens
+
+    def finish(self, req: RequestInfo, *, prefilled: bool = False) -> None:
+        self.inflight -= 1
+        if not prefilled:
+            self.outstanding_prompt -= req.prompt_tokens
         self.outstanding_output -= req.expected_output_tokens
 
     def request_ok(self) -> None:

@@ -107,6 +107,50 @@ class Metrics:
             _REQ,
             registry=r,
         )
+        self._slo_met = Counter(
+            "switchyard_slo_attained_total",
+            "Requests that met their class's TTFT and TPOT targets.",
+            ["policy", "class"],
+            registry=r,
+        )
+        self._slo_missed = Counter(
+            "switchyard_slo_missed_total",
+            "Requests that failed or missed their class's TTFT or TPOT target.",
+            ["policy", "class"],
+            registry=r,
+        )
+        self._queued = Gauge(
+            "switchyard_admission_queue_length",
+            "Requests waiting for a backend slot (every eligible backend saturated).",
+            ["class"],
+            registry=r,
+        )
+        self._shadow_requests = Counter(
+            "switchyard_shadow_requests_total",
+            "Mirrored requests by answer (code 0: none); policy: the served policy mirrored.",
+            [*_REQ, "code"],
+            registry=r,
+        )
+        self._shadow_ttft = Histogram(
+            "switchyard_shadow_time_to_first_token_seconds",
+            "Mirrored requests: sent to the first content chunk.",
+            _REQ,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self._shadow_e2e = Histogram(
+            "switchyard_shadow_e2e_request_latency_seconds",
+            "Mirrored requests: sent to the answer's last byte.",
+            _REQ,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self._shadow_dropped = Counter(
+            "switchyard_shadow_dropped_total",
+            "Requests sampled for mirroring but dropped (shadow concurrency bound reached).",
+            ["policy"],
+            registry=r,
+        )
         self._dropped = Counter(
             "switchyard_capture_dropped_total",
             "Capture entries dropped because the writer's queue was full.",
@@ -164,6 +208,34 @@ class Metrics:
 
     def stream_aborted(self, policy: str, backend: str, request_class: str) -> None:
         self._aborts.labels(policy, backend, request_class).inc()
+
+    def watch_queue(self, request_class: str, waiting: Callable[[], float]) -> None:
+        """Read a class's admission queue length from live state at scrape time."""
+        self._queued.labels(request_class).set_function(waiting)
+
+    def slo(self, policy: str, request_class: str, met: bool) -> None:
+        """Count one request against its class's SLO."""
+        (self._slo_met if met else self._slo_missed).labels(policy, request_class).inc()
+
+    def shadow_done(
+        self,
+        policy: str,
+        backend: str,
+        request_class: str,
+        code: int,
+        *,
+        ttft: float | None,
+        e2e: float,
+    ) -> None:
+        """Record one finished mirrored request (never mixed with served traffic)."""
+        labels = (policy, backend, request_class)
+        self._shadow_requests.labels(*labels, str(code)).inc()
+        if ttft is not None:
+            self._shadow_ttft.labels(*labels).observe(ttft)
+        self._shadow_e2e.labels(*labels).observe(e2e)
+
+    def shadow_dropped(self, policy: str) -> None:
+        self._shadow_dropped.labels(policy).inc()
 
     def capture_dropped(self) -> None:
         self._dropped.inc()

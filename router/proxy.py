@@ -19,6 +19,7 @@ from aiohttp import web
 from common.sse import StreamMeter
 from policies.base import Policy
 from policies.types import Endpoint, RequestClass
+from router.admission import Saturated
 from router.body import upstream_body
 from router.classify import Parsed, classify, parse_body
 from router.errors import RouterError, error_response, sse_error_event
@@ -67,7 +68,10 @@ async def handle(
         )
         rec.info = info = parsed.info
         extra["X-Switchyard-Class"] = info.request_class
-        targets = _plan(state, policy, parsed, rec.body, endpoint)
+        targets = await state.admission.admit(
+            info.request_class, lambda: _plan(state, policy, parsed, rec.body, endpoint)
+        )
+        state.shadows.mirror(policy.name, parsed, rec.body, PATHS, state.client)
         opened = await open_upstream(
             state.client,
             targets,
@@ -107,7 +111,8 @@ async def handle(
     finally:
         if opened is not None and rec.info is not None:
             opened.response.close()  # frees the engine slot at once if still streaming
-            opened.target.backend.finish(rec.info)
+            opened.target.backend.finish(rec.info, prefilled=rec.prefilled)
+        state.admission.release()  # a slot may have freed up (here or in a failed attempt)
         bookkeeping(request, state, rec)
 
 
@@ -186,7 +191,7 @@ def _plan(
         targets.append(Target(backend, backend.spec.url + PATHS[endpoint], body))
     if not targets:
         if saturated:
-            raise RouterError(429, "every eligible backend is at its in-flight limit")
+            raise Saturated()
         raise RouterError(503, f"policy '{policy.name}' found no backend", code="no_backend")
     return targets
 
@@ -229,6 +234,9 @@ async def _relay(
             if watch is not None:
                 watch.last = now
             chunk = meter.feed(data, now)
+            if not rec.prefilled and meter.first_content is not None and rec.info is not None:
+                rec.prefilled = True
+                opened.target.backend.prefilled(rec.info)
             if chunk:
                 await out.write(chunk)
         rec.end = time.monotonic()

@@ -36,6 +36,8 @@ class Record:
     meter: StreamMeter | None = None
     end: float | None = None
     error: dict[str, object] | None = None
+    prefilled: bool = False
+    """The first content byte arrived (the backend's prompt is no longer waiting)."""
 
     @property
     def request_class(self) -> str:
@@ -68,12 +70,15 @@ def bookkeeping(request: web.Request, state: RouterState, rec: Record) -> None:
     if info is None:
         return
     ok = 200 <= rec.status < 300 and rec.error is None
-    if rec.backend is not None:
-        outcome = Outcome(rec.status, ok, prompt or 0, output or 0, ttft, e2e, tpot)
-        try:
-            state.policies[rec.policy].on_finish(info, rec.backend, outcome)
-        except Exception:  # feedback must not break the request's other bookkeeping
-            log.exception("policy %s failed in on_finish", rec.policy)
+    outcome = Outcome(rec.status, ok, prompt or 0, output or 0, ttft, e2e, tpot)
+    # Also when no backend served: a policy may hold state for the request it chose for.
+    try:
+        state.policies[rec.policy].on_finish(info, backend, outcome)
+    except Exception:  # feedback must not break the request's other bookkeeping
+        log.exception("policy %s failed in on_finish", rec.policy)
+    targets = state.slo.get(rec.policy)
+    if targets is not None:
+        state.metrics.slo(rec.policy, info.request_class, targets[info.request_class].met(outcome))
     if state.capture is not None:
         error = rec.error if rec.error is not None else (fig.error if fig is not None else None)
         state.capture.record(

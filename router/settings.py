@@ -136,6 +136,40 @@ class CaptureSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassAdmission:
+    queue_size: int = 0
+    """Requests of the class that may wait for a backend slot; 0: answer 429 at once."""
+    max_wait: float = 30.0
+    """Seconds a request may wait before it gets 429."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    """Bounded per-class waiting when every eligible backend is at ``max_inflight``."""
+
+    classes: Mapping[str, ClassAdmission] = field(default_factory=dict)
+    retry_after: float = 1.0
+    """Seconds sent in ``Retry-After`` with an admission 429."""
+
+    def for_class(self, request_class: str) -> ClassAdmission:
+        return self.classes.get(request_class) or ClassAdmission()
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSettings:
+    """Mirror a sampled share of one policy's requests to a shadow backend or policy."""
+
+    backend: str | None = None
+    policy: str | None = None
+    sample: float = 1.0
+    request_class: RequestClass | None = None
+    """Only this class is mirrored; None: every class."""
+    max_concurrency: int = 16
+    """Shadow requests open at once; more are dropped (and counted)."""
+    timeout: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     backends: tuple[BackendSpec, ...]
     policies: tuple[PolicySpec, ...]
@@ -151,6 +185,9 @@ class RouterConfig:
     failover: FailoverSettings = FailoverSettings()
     health: HealthSettings = HealthSettings()
     capture: CaptureSettings | None = None
+    admission: AdmissionSettings = AdmissionSettings()
+    shadow: Mapping[str, ShadowSettings] = field(default_factory=dict)
+    """Served policy name -> where its mirrored requests go."""
 
     def timeouts_for(self, request_class: str) -> ClassTimeouts:
         return self.timeouts.get(request_class) or ClassTimeouts()

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
 from policies.base import Policy
 from policies.types import RequestClass
+from router.admission import Admission
 from router.backends import Pool
 from router.capture import CaptureWriter
 from router.config import RouterConfig
 from router.metrics import Metrics
+from router.shadow import Shadows
+from router.slo import SloTable
 
 
 @dataclass(slots=True)
@@ -27,6 +30,9 @@ class RouterState:
     metrics: Metrics
     key_classes: dict[str, RequestClass | None]
     """Client API key value -> its configured class (from api_keys)."""
+    admission: Admission
+    shadows: Shadows
+    slo: SloTable = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
     capture: CaptureWriter | None = None
 

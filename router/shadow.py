@@ -1,0 +1,159 @@
+"""Shadow mirroring: copy a sampled share of one policy's requests to a shadow target.
+
+The copy is sent from a background task after the live request was planned, so the client
+never waits for it and never sees it. The shadow's answer is read to the end through a
+:class:`StreamMeter` (to measure TTFT, E2E and tokens) and then discarded. Each served policy
+has a bound on open shadow requests; a request sampled while that bound is reached is dropped
+and counted. Shadow figures go to their own ``switchyard_shadow_*`` metric families, so they
+never mix with served traffic; a shadow *policy* also learns from them through ``on_finish``.
+Shadow requests do not count in the shadow backend's in-flight figures (they must not steer
+live routing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+import aiohttp
+
+from common.sse import StreamMeter
+from policies.base import Policy
+from policies.types import Endpoint, Outcome, RequestInfo
+from router.backends import BackendState, Pool
+from router.body import upstream_body
+from router.classify import Parsed
+from router.metrics import Metrics
+from router.settings import ShadowSettings
+
+log = logging.getLogger("router")
+
+
+class Shadows:
+    """Every configured mirror of one router app; used from the event loop only."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, ShadowSettings],
+        pool: Pool,
+        policies: Mapping[str, Policy],
+        metrics: Metrics,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._policies = policies
+        self._metrics = metrics
+        self._rng = rng if rng is not None else random.Random()
+        self._open: dict[str, int] = dict.fromkeys(settings, 0)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def mirror(
+        self,
+        policy: str,
+        parsed: Parsed,
+        raw: bytes,
+        paths: Mapping[Endpoint, str],
+        session: aiohttp.ClientSession,
+    ) -> None:
+        """Maybe mirror this request of ``policy`` (synchronous: it only starts a task)."""
+        s = self._settings.get(policy)
+        if s is None:
+            return
+        info = parsed.info
+        if s.request_class is not None and info.request_class != s.request_class:
+            return
+        if s.sample < 1.0 and self._rng.random() >= s.sample:
+            return
+        if self._open[policy] >= s.max_concurrency:
+            self._metrics.shadow_dropped(policy)
+            return
+        shadow_info = replace(info, request_id=f"{info.request_id}-shadow")
+        backend = self._target(s, shadow_info)
+        model = None if backend is None else self._pool.upstream_model(backend, info.model)
+        if backend is None or model is None:
+            self._metrics.shadow_dropped(policy)
+            return
+        add_usage = info.stream and info.endpoint != "embeddings"
+        body = upstream_body(raw, parsed.doc, model=model, priority=None, add_usage=add_usage)
+        url = backend.spec.url + paths[info.endpoint]
+        self._open[policy] += 1
+        task = asyncio.create_task(self._send(policy, s, shadow_info, backend, url, body, session))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _target(self, s: ShadowSettings, info: RequestInfo) -> BackendState | None:
+        if s.backend is not None:
+            return self._pool.by_name[s.backend]
+        assert s.policy is not None  # config validation: exactly one of backend / policy
+        candidates = self._pool.candidates(info.model)
+        if not candidates:
+            return None
+        try:
+            ranked = self._policies[s.policy].choose(info, candidates).ranked
+        except Exception:  # a shadow policy's bug must never touch served traffic
+            log.exception("shadow policy %s failed to choose", s.policy)
+            return None
+        return self._pool.by_name[ranked[0]] if ranked else None
+
+    async def _send(
+        self,
+        policy: str,
+        s: ShadowSettings,
+        info: RequestInfo,
+        backend: BackendState,
+        url: str,
+        body: bytes,
+        session: aiohttp.ClientSession,
+    ) -> None:
+        start = time.monotonic()
+        meter = StreamMeter(start)
+        status = 0  # no answer at all (connect error or timeout)
+        headers = {"Content-Type": "application/json", "X-Request-Id": info.request_id}
+        if backend.api_key:
+            headers["Authorization"] = f"Bearer {backend.api_key}"
+        try:
+            timeout = aiohttp.ClientTimeout(total=s.timeout)
+            async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+                status = resp.status
+                if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    while data := await resp.content.readany():
+                        meter.feed(data, time.monotonic())
+                else:
+                    meter.feed_body(await resp.read(), time.monotonic())
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            pass
+        finally:
+            self._open[policy] -= 1
+        end = time.monotonic()
+        fig = meter.figures(end)
+        ok = 200 <= status < 300 and fig.error is None
+        self._metrics.shadow_done(
+            policy, backend.name, info.request_class, status, ttft=fig.ttft, e2e=end - start
+        )
+        if s.policy is not None:
+            outcome = Outcome(
+                status,
+                ok,
+                fig.prompt_tokens or 0,
+                fig.completion_tokens or 0,
+                fig.ttft,
+                end - start,
+                fig.tpot,
+            )
+            with contextlib.suppress(Exception):
+                self._policies[s.policy].on_finish(info, backend.name, outcome)
+
+    async def aclose(self) -> None:
+        """Cancel the shadow requests still open (at app shutdown)."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t

@@ -1,0 +1,114 @@
+"""Admission queue and SLO goodput through a real router and emulator."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import openai
+
+from tests.integration.test_router_failover import metric, wait_for
+from tests.procs import start_emulator
+from tests.router.harness import base_config, client_for, get, post, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+CHAT = [{"role": "user", "content": "Tell me a long story."}]
+
+
+def test_saturated_batch_waits_then_full_queue_gets_429(tmp_path: Path) -> None:
+    with start_emulator("vllm", time_scale=2) as emu:
+        doc = base_config([("a", "vllm", emu.url)])
+        doc["backends"][0]["max_inflight"] = 1
+        doc["admission"] = {"batch": {"queue_size": 1, "max_wait": 20}, "retry_after": 2}
+        with start_router(write_config(tmp_path, doc)) as router:
+            client = client_for(router.url)
+            batch = {"X-Request-Class": "batch"}
+            waited: list[str] = []
+
+            def queued() -> None:
+                reply = client.chat.completions.create(
+                    model=MODEL, messages=CHAT, max_tokens=2, extra_headers=batch
+                )
+                waited.append(reply.choices[0].finish_reason or "")
+
+            with client.chat.completions.with_streaming_response.create(
+                model=MODEL,
+                messages=CHAT,
+                max_tokens=4000,
+                stream=True,
+            ) as first:
+                assert first.headers["x-switchyard-backend"] == "a"
+                thread = threading.Thread(target=queued)
+                thread.start()
+                queue = r'switchyard_admission_queue_length\{class="batch"\}'
+                assert wait_for(lambda: metric(get(router.url + "/metrics").text, queue) == 1)
+                # The queued request holds the one batch place: the next one is refused.
+                r = post(
+                    router.url + "/v1/chat/completions",
+                    {"model": MODEL, "messages": CHAT, "max_tokens": 2},
+                    batch,
+                )
+                assert r.status == 429
+                assert r.headers.get("retry-after") == "2"
+                assert r.json()["error"]["type"] == "rate_limit_error"
+                assert not waited  # still waiting while the slot is taken
+            # The stream closed: its slot frees and the queued batch request is served.
+            thread.join(20)
+            assert waited == ["length"]
+
+
+def test_interactive_without_queue_gets_429_with_retry_after(tmp_path: Path) -> None:
+    with start_emulator("vllm", time_scale=2) as emu:
+        doc = base_config([("a", "vllm", emu.url)])
+        doc["backends"][0]["max_inflight"] = 1
+        with start_router(write_config(tmp_path, doc)) as router:
+            client = client_for(router.url)
+            with client.chat.completions.with_streaming_response.create(
+                model=MODEL, messages=CHAT, max_tokens=4000, stream=True
+            ):
+                try:
+                    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
+                except openai.RateLimitError as exc:
+                    assert exc.response.headers["retry-after"] == "1"
+                else:
+                    raise AssertionError("expected 429")
+
+
+def test_slo_goodput_is_counted_per_policy_and_class(tmp_path: Path) -> None:
+    """Every policy is judged by the adaptive policy's SLOs: here the batch TTFT target of
+    1 ms cannot be met, the interactive one of 30 s always is."""
+    with start_emulator("vllm", time_scale=20) as emu:
+        # One engine behind two names, so that adaptive has a pool of each kind.
+        doc = base_config([("a", "vllm", emu.url), ("b", "deepinfer", emu.url)])
+        doc["policies"]["adaptive"] = {
+            "type": "adaptive",
+            "params": {
+                "low_ttft": ["vllm"],
+                "high_throughput": ["deepinfer"],
+                "slo": {"interactive": {"ttft_s": 30, "tpot_s": 5}, "batch": {"ttft_s": 0.001}},
+            },
+        }
+        with start_router(write_config(tmp_path, doc)) as router:
+            client = client_for(router.url)
+            for cls in ("interactive", "interactive", "batch"):
+                list(
+                    client.chat.completions.create(
+                        model=MODEL,
+                        messages=CHAT,
+                        max_tokens=8,
+                        stream=True,
+                        extra_headers={"X-Request-Class": cls},
+                    )
+                )
+            client.chat.completions.create(
+                model=MODEL,
+                messages=CHAT,
+                max_tokens=8,
+                extra_headers={"X-Request-Class": "interactive", "X-Switchyard-Policy": "adaptive"},
+            )
+            text = get(router.url + "/metrics").text
+            met = r'switchyard_slo_attained_total\{class="interactive",policy="%s"\}'
+            missed = r'switchyard_slo_missed_total\{class="batch",policy="class-split"\}'
+            assert metric(text, met % "class-split") == 2
+            assert metric(text, met % "adaptive") == 1
+            assert metric(text, missed) == 1
