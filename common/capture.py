@@ -53,6 +53,8 @@ class Observed:
     tpot_ms: float | None = None
     e2e_ms: float | None = None
     send_lag_ms: float | None = None
+    itl_ms: tuple[float, ...] | None = None
+    """Gaps between content chunks (replay results only, as vLLM's detailed results)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +114,15 @@ def record_to_dict(rec: CaptureRecord) -> dict[str, Any]:
         }
     if rec.obs is not None:
         o = rec.obs
-        obs = {
+        obs: dict[str, Any] = {
             "ttft_ms": _round(o.ttft_ms),
             "tpot_ms": _round(o.tpot_ms),
             "e2e_ms": _round(o.e2e_ms),
         }
         if o.send_lag_ms is not None:
             obs["send_lag_ms"] = _round(o.send_lag_ms)
+        if o.itl_ms is not None:
+            obs["itl_ms"] = [round(x, 3) for x in o.itl_ms]
         doc["obs"] = obs
     return doc
 
@@ -145,6 +149,15 @@ def _section(doc: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     if not isinstance(v, dict):
         raise CaptureFormatError(f"{key}: expected an object")
     return v
+
+
+def _itls(obs: Mapping[str, Any]) -> tuple[float, ...] | None:
+    v = _opt(obs, "itl_ms", list)
+    if v is None:
+        return None
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+        raise CaptureFormatError("obs.itl_ms: expected a list of numbers")
+    return tuple(float(x) for x in v)
 
 
 def record_from_dict(doc: Mapping[str, Any]) -> CaptureRecord:
@@ -184,6 +197,7 @@ def record_from_dict(doc: Mapping[str, Any]) -> CaptureRecord:
             tpot_ms=_opt(o, "tpot_ms", num),
             e2e_ms=_opt(o, "e2e_ms", num),
             send_lag_ms=_opt(o, "send_lag_ms", num),
+            itl_ms=_itls(o),
         )
     return CaptureRecord(
         custom_id=custom_id,

@@ -14,6 +14,7 @@ import uvloop
 
 from common.capture import dump_line
 from replay.html import collect_samples, render_html
+from replay.merge import main as merge_main
 from replay.plan import Plan, PlanOptions, dry_run
 from replay.replayer import Replayer, ReplayOptions, build_report, dumps_report
 from replay.report import render_tables
@@ -63,7 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="replay",
         description="Replay a capture or a public trace against an OpenAI-compatible target.",
-        epilog="Also: replay convert FILE -o CAPTURE [--format F] (any trace -> capture.jsonl)",
+        epilog=(
+            "Also: replay convert FILE -o CAPTURE [--format F] (any trace -> capture.jsonl); "
+            "replay merge RESULTS... [--out report.json] (one report from shards' results)"
+        ),
     )
     p.add_argument("file", help="capture, Mooncake, Azure, BurstGPT or OpenAI Batch file")
     p.add_argument("--target", default="http://127.0.0.1:8080", help="OpenAI-compatible base URL")
@@ -137,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["convert"]:
         return _convert(args_in[1:])
+    if args_in[:1] == ["merge"]:
+        return merge_main(args_in[1:])
     a = _parser().parse_args(args_in)
     plan = PlanOptions(
         speed=a.speed,

@@ -97,6 +97,7 @@ def _result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
                 None if r.tpot is None else r.tpot * 1000.0,
                 None if r.e2e is None else r.e2e * 1000.0,
                 None if r.lag is None else r.lag * 1000.0,
+                tuple(x * 1000.0 for x in r.itls) if r.stream else None,
             ),
         )
     )

@@ -1,0 +1,104 @@
+"""``replay merge``: one report from the ``--results`` files of several replay processes.
+
+A trace too large for one load generator is split with ``--shard I/N`` (for instance by a
+Kubernetes Indexed Job). Each shard writes its per-request results; merging recomputes every
+figure from those lines, so percentiles are exact, not averages of averages. Shards are taken
+to have started together: a run's duration is the latest ``t_offset_ms + e2e_ms`` over all of
+its lines (each shard's offsets count from that shard's own start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from common.capture import CaptureFormatError, CaptureRecord, parse_line
+from replay.client import Result, request_class
+from replay.replayer import dumps_report
+from replay.report import RunReport, render_tables
+
+
+def _result(rec: CaptureRecord) -> Result:
+    resp, obs, route = rec.resp, rec.obs, rec.route
+    if resp is None or resp.status is None:
+        raise CaptureFormatError("not a replay result: no resp.status")
+
+    def sec(ms: float | None) -> float | None:
+        return None if ms is None else ms / 1000.0
+
+    return Result(
+        custom_id=rec.custom_id,
+        request_class=request_class(rec),
+        status=resp.status,
+        stream=resp.stream,
+        lag=sec(obs.send_lag_ms) if obs else None,
+        backend=route.backend if route else None,
+        policy=route.policy if route else None,
+        ttft=sec(obs.ttft_ms) if obs else None,
+        e2e=sec(obs.e2e_ms) if obs else None,
+        itls=[x / 1000.0 for x in obs.itl_ms] if obs and obs.itl_ms else [],
+        prompt_tokens=resp.prompt_tokens,
+        completion_tokens=resp.completion_tokens,
+        finish_reason=resp.finish_reason,
+        error=resp.error,
+    )
+
+
+def _records(paths: Iterable[str]) -> Iterator[tuple[str, int, CaptureRecord]]:
+    for path in paths:
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    yield path, n, parse_line(line)
+
+
+def merge_results(paths: list[str]) -> dict[str, Any]:
+    """The ``report.json`` of the union of ``paths``; raises ValueError on a bad line."""
+    runs: dict[str | None, RunReport] = {}
+    try:
+        for path, n, rec in _records(paths):
+            try:
+                r = _result(rec)
+            except CaptureFormatError as e:
+                raise ValueError(f"{path}:{n}: {e}") from None
+            run = runs.get(r.policy)
+            if run is None:
+                run = runs[r.policy] = RunReport(r.policy)
+            run.add(r)
+            end = ((rec.t_offset_ms or 0.0) + ((rec.obs.e2e_ms or 0.0) if rec.obs else 0.0)) / 1e3
+            run.duration = max(run.duration, end)
+    except CaptureFormatError as e:
+        raise ValueError(str(e)) from None
+    for run in runs.values():
+        run.duration = run.duration or 1e-9
+    return {
+        "file": None,
+        "format": "results",
+        "merged_from": paths,
+        "target": None,
+        "mode": "merged",
+        "speed": None,
+        "runs": [runs[k].to_dict() for k in sorted(runs, key=lambda p: p or "")],
+    }
+
+
+def main(argv: list[str]) -> int:
+    """``replay merge RESULTS... --out report.json [--html report.html]``."""
+    p = argparse.ArgumentParser(
+        prog="replay merge", description="One report from several --results files (shards)."
+    )
+    p.add_argument("results", nargs="+", metavar="RESULTS.jsonl")
+    p.add_argument("--out", metavar="report.json")
+    a = p.parse_args(argv)
+    try:
+        report = merge_results(a.results)
+    except (OSError, ValueError) as e:
+        print(f"replay merge: {e}", file=sys.stderr)
+        return 2
+    print(render_tables(report))
+    if a.out:
+        Path(a.out).write_bytes(dumps_report(report))
+    return 0
