@@ -35,6 +35,7 @@ REQUIRED_ON_DASHBOARD = {
     "switchyard_requests_total",
     "switchyard_failovers_total",
     "switchyard_backend_up",
+    "switchyard_slo_attained_total",
 }
 
 
@@ -84,6 +85,11 @@ def exposed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
             "interactive": ["broken", "good"],
             "batch": ["good", "broken"],
         }
+        # An adaptive policy gives every policy's requests SLO targets (goodput counters).
+        doc["policies"]["adaptive"] = {
+            "type": "adaptive",
+            "params": {"low_ttft": ["vllm"], "high_throughput": ["deepinfer"]},
+        }
         doc["health"]["failures_to_eject"] = 100  # keep failing over rather than eject
         path = write_config(tmp_path_factory.mktemp("router"), doc)
         with start_router(path) as router:
@@ -123,6 +129,7 @@ def test_the_router_served_both_classes_and_failed_over(
     assert {"interactive", "batch"} <= classes
     assert {s["backend"] for s in exposed["switchyard_failovers_total"]} == {"broken"}
     assert {s["backend"] for s in exposed["switchyard_stream_aborts_total"]} == {"cut"}
+    assert exposed["switchyard_slo_attained_total"] and exposed["switchyard_slo_missed_total"]
 
 
 @pytest.mark.parametrize(
