@@ -7,6 +7,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -14,13 +15,16 @@ from aiohttp import web
 
 from policies.base import Policy
 from policies.registry import PolicyConfigError, build_policy
-from policies.types import REQUEST_CLASSES, RequestClass
+from policies.types import REQUEST_CLASSES
 from router.admission import Admission
+from router.auth import Gate, admin_only
 from router.backends import BackendState, Pool
 from router.capture import CaptureWriter
 from router.config import ConfigError, RouterConfig
 from router.errors import RouterError, error_response
 from router.health import HealthMonitor
+from router.lifecycle import Reloader
+from router.limits import GuardedSite, handler_options, single_headers
 from router.metrics import Metrics
 from router.proxy import handle
 from router.shadow import Shadows
@@ -28,6 +32,7 @@ from router.slo import slo_table
 from router.state import RouterState
 
 STATE = web.AppKey("state", RouterState)
+RELOADER = web.AppKey("reloader", Reloader)
 # aiohttp's default of 128 drops SYNs when hundreds of clients connect at once (+1 s each).
 BACKLOG = 2048
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -48,14 +53,14 @@ def build_policies(config: RouterConfig, pool: Pool) -> dict[str, Policy]:
     return out
 
 
-def build_app(config: RouterConfig, *, metrics: Metrics | None = None) -> web.Application:
-    """The router app for ``config`` (backend URLs must be resolved already)."""
+def build_app(
+    config: RouterConfig, *, metrics: Metrics | None = None, config_path: Path | None = None
+) -> web.Application:
+    """The router app for ``config`` (backend URLs must be resolved already).
+
+    With ``config_path``, ``POST /switchyard/reload`` (and :data:`RELOADER`) reload from it.
+    """
     pool = Pool(config.backends, config.aliases, config.health)
-    key_classes: dict[str, RequestClass | None] = {}
-    for key in config.api_keys:
-        value = os.environ.get(key.env)
-        if value:
-            key_classes[value] = key.request_class
     policies = build_policies(config, pool)
     metrics = metrics if metrics is not None else Metrics()
     state = RouterState(
@@ -63,7 +68,7 @@ def build_app(config: RouterConfig, *, metrics: Metrics | None = None) -> web.Ap
         pool=pool,
         policies=policies,
         metrics=metrics,
-        key_classes=key_classes,
+        gate=Gate(config.api_keys, required=config.require_api_key),
         admission=Admission(config.admission),
         shadows=Shadows(config.shadow, pool, policies, metrics),
         slo=slo_table(policies, config.default_policy),
@@ -73,10 +78,14 @@ def build_app(config: RouterConfig, *, metrics: Metrics | None = None) -> web.Ap
     for cls in REQUEST_CLASSES:
         metrics.watch_queue(cls, partial(state.admission.waiting, cls))
     # Bodies are size-checked by the handler so that the 413 is OpenAI-shaped.
-    app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=[_errors])
+    guards = [_errors, single_headers, admin_only(lambda: state.gate)]
+    app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=guards)
     app[STATE] = state
     app.cleanup_ctx.append(_lifespan)
     _routes(app, state)
+    if config_path is not None:
+        app[RELOADER] = reloader = Reloader(state, config_path, build_policies)
+        app.router.add_post("/switchyard/reload", reloader.handle)
     return app
 
 
@@ -198,9 +207,16 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
     upstream request at once and frees the engine's slot. aiohttp sets TCP_NODELAY on
     every accepted and upstream socket (its base protocol does so on connection_made).
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    config = app[STATE].config
+    options = {"access_log": None, **handler_options(config.limits)}
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        shutdown_timeout=config.shutdown.drain_seconds,  # SIGTERM's drain; see lifecycle
+        **options,
+    )
     await runner.setup()
-    site = web.SockSite(runner, sock, backlog=BACKLOG)
+    site = GuardedSite(runner, sock, config.limits, options, backlog=BACKLOG)
     await site.start()
     host, port = sock.getsockname()[:2]
     return Served(runner, f"http://{host}:{port}")

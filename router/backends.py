@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from policies.registry import BackendInfo
 from policies.types import Candidate, EngineLoad, RequestInfo
+from router.breaker import Breaker
 from router.config import BackendSpec, HealthSettings
 
 Clock = Callable[[], float]
@@ -27,8 +28,9 @@ class BackendState:
         self.outstanding_output = 0
         self.probe_ok = True
         self._probe_failures = 0
-        self._failures = 0
-        self._ejected_until = 0.0
+        self.breaker = Breaker(
+            health.failures_to_eject, health.cooldown, health.cooldown_max, clock
+        )
         self.discovered_models: tuple[str, ...] = ()
         self.load: EngineLoad | None = None
         self._load_at = 0.0
@@ -39,8 +41,8 @@ class BackendState:
 
     @property
     def healthy(self) -> bool:
-        """Probes pass and no passive ejection is in force."""
-        return self.probe_ok and self._clock() >= self._ejected_until
+        """Probes pass and the breaker lets a request through (see router.breaker)."""
+        return self.probe_ok and self.breaker.allows()
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -48,6 +50,7 @@ class BackendState:
         return self.spec.models or self.discovered_models
 
     def start(self, req: RequestInfo) -> None:
+        self.breaker.started()
         self.inflight += 1
         self.outstanding_prompt += req.prompt_tokens
         self.outstanding_output += req.expected_output_tokens
@@ -61,20 +64,18 @@ class BackendState:
         self.outstanding_prompt -= req.prompt_tokens
 
     def finish(self, req: RequestInfo, *, prefilled: bool = False) -> None:
+        self.breaker.ended()
         self.inflight -= 1
         if not prefilled:
             self.outstanding_prompt -= req.prompt_tokens
         self.outstanding_output -= req.expected_output_tokens
 
     def request_ok(self) -> None:
-        self._failures = 0
+        self.breaker.ok()
 
     def request_failed(self) -> None:
         """A connect error, timeout or 5xx: eject after enough of them in a row."""
-        self._failures += 1
-        if self._failures >= self._health.failures_to_eject:
-            self._ejected_until = self._clock() + self._health.cooldown
-            self._failures = 0
+        self.breaker.failed()
 
     def probe_result(self, ok: bool, *, first: bool = False) -> None:
         """Active probe: down after ``failures_to_eject`` misses, up again on one success.
@@ -121,6 +122,7 @@ class BackendState:
             "url": self.spec.url,
             "engine": self.spec.engine,
             "healthy": self.healthy,
+            "breaker": self.breaker.state,
             "inflight": self.inflight,
             "max_inflight": self.spec.max_inflight,
             "outstanding_prompt_tokens": self.outstanding_prompt,

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import uvloop
 
-from router.app import build_app, build_policies, listen_socket, serve
+from router.app import RELOADER, build_app, build_policies, listen_socket, serve
+from router.auth import Gate, exposure_warning
 from router.backends import Pool
 from router.children import Children
 from router.config import ConfigError, RouterConfig, load_config
@@ -57,6 +58,7 @@ def load_checked(path: Path) -> RouterConfig:
     """Load ``path`` and build its policies; raises ConfigError with every error found."""
     config = load_config(path)
     build_policies(config, Pool(config.backends, config.aliases, config.health))
+    Gate(config.api_keys, required=config.require_api_key)  # key files readable, keys set
     return config
 
 
@@ -80,7 +82,7 @@ def env_warnings(config: RouterConfig) -> list[tuple[str, str]]:
         if b.api_key_env and not os.environ.get(b.api_key_env):
             out.append((f"backends[{i}].api_key_env", f"${b.api_key_env} is not set"))
     for i, k in enumerate(config.api_keys):
-        if not os.environ.get(k.env):
+        if k.env and not os.environ.get(k.env):
             out.append((f"api_keys[{i}].env", f"${k.env} is not set; this key matches nothing"))
     return out
 
@@ -111,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for key, message in env_warnings(config):
         log.warning("%s: %s", key, message)
+    if (exposed := exposure_warning(listen.host, config.require_api_key)) is not None:
+        log.warning("%s", exposed)
     children = Children()
     try:
         config = children.start(replace(config, listen=listen))
         if args.workers == 1:
-            uvloop.run(_worker(config, sock, _announce))
+            uvloop.run(_worker(config, sock, _announce, path))
             return 0
-        return _supervise(config, sock, args.workers)
+        return _supervise(config, sock, args.workers, path)
     except RuntimeError as exc:  # an emulator child did not come up
         print(f"router: {exc}", file=sys.stderr)
         return 1
@@ -137,9 +141,14 @@ def _announce(url: str) -> None:
     print(READY + url, flush=True)
 
 
-async def _worker(config: RouterConfig, sock: socket.socket, ready: Callable[[str], None]) -> None:
-    """Serve until SIGINT/SIGTERM, then shut down cleanly; ``ready(url)`` once listening."""
-    app = build_app(config)
+async def _worker(
+    config: RouterConfig, sock: socket.socket, ready: Callable[[str], None], path: Path
+) -> None:
+    """Serve until SIGINT/SIGTERM, then drain and shut down; SIGHUP reloads ``path``.
+
+    ``ready(url)`` once listening.
+    """
+    app = build_app(config, config_path=path)
     served = await serve(app, sock)
     # Everything built so far lives as long as the process: keep it out of the collector's
     # scans, so collections triggered on the hot path stay short.
@@ -148,6 +157,7 @@ async def _worker(config: RouterConfig, sock: socket.socket, ready: Callable[[st
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app[RELOADER].on_signal)
     ready(served.url)
     log.info("serving %s (pid %d)", served.url, os.getpid())
     try:
@@ -156,18 +166,19 @@ async def _worker(config: RouterConfig, sock: socket.socket, ready: Callable[[st
         await served.runner.cleanup()
 
 
-def _supervise(config: RouterConfig, first: socket.socket, workers: int) -> int:
-    """Fork ``workers`` processes on one SO_REUSEPORT port; wait for a signal; stop them."""
+def _supervise(config: RouterConfig, first: socket.socket, workers: int, path: Path) -> int:
+    """Fork ``workers`` processes on one SO_REUSEPORT port; pass SIGHUP on; stop on a signal."""
     port = first.getsockname()[1]
     ready_r, ready_w = os.pipe()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     pids: list[int] = []
     for i in range(workers):
         sock = first if i == 0 else listen_socket(config.listen.host, port, reuse_port=True)
         pid = os.fork()
         if pid == 0:  # worker: serve, tell the parent it is up, never return into main()
             os.close(ready_r)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
             def tell_parent(_: str) -> None:
                 os.write(ready_w, b"1")
@@ -175,7 +186,7 @@ def _supervise(config: RouterConfig, first: socket.socket, workers: int) -> int:
 
             code = 0
             try:
-                uvloop.run(_worker(config, sock, tell_parent))
+                uvloop.run(_worker(config, sock, tell_parent, path))
             except BaseException:
                 log.exception("worker %d failed", i)
                 code = 1
@@ -194,7 +205,9 @@ def _supervise(config: RouterConfig, first: socket.socket, workers: int) -> int:
     os.close(ready_r)
     if len(got) == workers:
         print(f"{READY}http://{config.listen.host}:{port}", flush=True)
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        while signal.sigwait(signals) == signal.SIGHUP:
+            for pid in pids:
+                os.kill(pid, signal.SIGHUP)
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
     for pid in pids:

@@ -8,6 +8,7 @@ by the policy registry (see :func:`router.app.build_policies`). The value object
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -29,11 +30,13 @@ from router.settings import (
     EmulatorSpec,
     FailoverSettings,
     HealthSettings,
+    LimitSettings,
     ListenSettings,
     PolicySpec,
     RouterConfig,
     Rule,
     ShadowSettings,
+    ShutdownSettings,
 )
 from router.validate import Reader
 
@@ -74,6 +77,8 @@ _TOP = [
     "capture",
     "admission",
     "shadow",
+    "limits",
+    "shutdown",
 ]
 
 
@@ -110,7 +115,7 @@ def parse_config(doc: object) -> RouterConfig:
         listen=listen,
         honor_policy_header=r.boolean(top, "honor_policy_header", "", True),
         aliases=aliases,
-        api_keys=_api_keys(r, top.get("api_keys")),
+        api_keys=_api_keys(r, top.get("api_keys"), {p.name for p in policies}),
         require_api_key=r.boolean(top, "require_api_key", "", False),
         classification=_classification(r, top.get("classification")),
         timeouts=_timeouts(r, top.get("timeouts")),
@@ -118,6 +123,8 @@ def parse_config(doc: object) -> RouterConfig:
         health=_health(r, top.get("health")),
         capture=_capture(r, top.get("capture")),
         admission=_admission(r, top.get("admission")),
+        limits=_limits(r, top.get("limits")),
+        shutdown=_shutdown(r, top.get("shutdown")),
         shadow=_shadow(r, top.get("shadow"), names, {p.name for p in policies}),
     )
     if r.errors:
@@ -215,16 +222,39 @@ def _aliases(r: Reader, v: object, backends: set[str]) -> dict[str, dict[str, st
     return out
 
 
-def _api_keys(r: Reader, v: object) -> tuple[ApiKeySpec, ...]:
+_KEY_FIELDS = ["name", "env", "file", "sha256", "class", "models", "policy",
+               "requests_per_minute", "tokens_per_minute", "max_concurrency", "admin"]  # fmt: skip
+
+
+def _api_keys(r: Reader, v: object, policies: set[str]) -> tuple[ApiKeySpec, ...]:
     out = []
     for i, item in enumerate(r.sequence(v, "api_keys")):
         p = f"api_keys[{i}]"
-        m = r.mapping(item, p, ["name", "env", "class"])
+        m = r.mapping(item, p, _KEY_FIELDS)
+        sources = [k for k in ("env", "file", "sha256") if m.get(k) is not None]
+        if m and not sources:
+            r.add(f"{p}.env", "missing (or give file or sha256)")
+        elif len(sources) > 1:
+            r.add(p, "give only one of env, file or sha256")
+        digest = r.string(m, "sha256", p, default=None)
+        if digest is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
+            r.add(f"{p}.sha256", "expected 64 hex digits (the key's SHA-256)")
+        policy = r.string(m, "policy", p, default=None)
+        if policy is not None and policies and policy not in policies:
+            r.add(f"{p}.policy", f"unknown policy '{policy}'")
         out.append(
             ApiKeySpec(
                 name=r.string(m, "name", p, "", required=True),
-                env=r.string(m, "env", p, "", required=True),
+                env=r.string(m, "env", p, default=None),
+                file=r.string(m, "file", p, default=None),
+                sha256=digest,
                 request_class=r.choice(m, "class", p, REQUEST_CLASSES, default=None),
+                models=r.strings(m, "models", p),
+                policy=policy,
+                requests_per_minute=r.integer(m, "requests_per_minute", p, default=None, lo=1),
+                tokens_per_minute=r.integer(m, "tokens_per_minute", p, default=None, lo=1),
+                max_concurrency=r.integer(m, "max_concurrency", p, default=None, lo=1),
+                admin=r.boolean(m, "admin", p, default=False),
             )
         )
     return tuple(out)
@@ -317,6 +347,7 @@ def _health(r: Reader, v: object) -> HealthSettings:
         timeout=r.number(m, "timeout", p, default=d.timeout, lo=0.01),
         failures_to_eject=r.integer(m, "failures_to_eject", p, default=d.failures_to_eject, lo=1),
         cooldown=r.number(m, "cooldown", p, default=d.cooldown, lo=0.0),
+        cooldown_max=r.number(m, "cooldown_max", p, default=d.cooldown_max, lo=0.0),
         models_refresh=r.number(m, "models_refresh", p, default=d.models_refresh, lo=0.1),
         scrape_metrics=r.boolean(m, "scrape_metrics", p, default=d.scrape_metrics),
         scrape_interval=r.number(m, "scrape_interval", p, default=d.scrape_interval, lo=0.01),
@@ -395,3 +426,24 @@ def _shadow(
 
 
 _SHADOW_KEYS = ("backend", "policy", "sample", "class", "max_concurrency", "timeout")
+
+
+def _limits(r: Reader, v: object) -> LimitSettings:
+    p = "limits"
+    d = LimitSettings()
+    m = r.mapping(v, p, list(LimitSettings.__dataclass_fields__), optional=True)
+    return LimitSettings(
+        max_connections=r.integer(m, "max_connections", p, default=d.max_connections, lo=1),
+        idle_seconds=r.number(m, "idle_seconds", p, default=d.idle_seconds, lo=0.01),
+        max_headers=r.integer(m, "max_headers", p, default=d.max_headers, lo=1),
+        max_header_bytes=r.integer(m, "max_header_bytes", p, default=d.max_header_bytes, lo=64),
+        write_timeout=r.number(m, "write_timeout", p, default=d.write_timeout, lo=0.01),
+    )
+
+
+def _shutdown(r: Reader, v: object) -> ShutdownSettings:
+    m = r.mapping(v, "shutdown", ["drain_seconds"], optional=True)
+    d = ShutdownSettings()
+    return ShutdownSettings(
+        drain_seconds=r.number(m, "drain_seconds", "shutdown", default=d.drain_seconds, lo=0.0)
+    )

@@ -18,8 +18,9 @@ from aiohttp import web
 
 from common.sse import StreamMeter
 from policies.base import Policy
-from policies.types import Endpoint, RequestClass
+from policies.types import Endpoint
 from router.admission import Saturated
+from router.auth import Lease, Tenant
 from router.body import upstream_body
 from router.classify import Parsed, classify, parse_body
 from router.errors import RouterError, error_response, sse_error_event
@@ -52,9 +53,10 @@ async def handle(
     rec = Record(rid, now, time.time(), state.config.default_policy)
     extra = {"X-Request-Id": rid, "X-Switchyard-Policy": rec.policy}
     opened: Opened | None = None
+    lease: Lease | None = None
     try:
-        key_class = _authenticate(request, state)
-        policy = _policy(request, state)
+        tenant = state.gate.identify(request.headers)
+        policy = _policy(request, state, tenant)
         rec.policy = extra["X-Switchyard-Policy"] = policy.name
         rec.body = await _read_body(request, state.config.listen.max_body_bytes)
         parsed = classify(
@@ -62,12 +64,13 @@ async def handle(
             endpoint,
             request_id=rid,
             header_class=request.headers.get("X-Request-Class"),
-            key_class=key_class,
+            key_class=tenant.spec.request_class if tenant is not None else None,
             session_key=request.headers.get("X-Session-Id"),
             settings=state.config.classification,
         )
         rec.info = info = parsed.info
         extra["X-Switchyard-Class"] = info.request_class
+        lease = state.gate.admit(tenant, info)
         targets = await state.admission.admit(
             info.request_class, lambda: _plan(state, policy, parsed, rec.body, endpoint)
         )
@@ -113,26 +116,17 @@ async def handle(
             opened.response.close()  # frees the engine slot at once if still streaming
             opened.target.backend.finish(rec.info, prefilled=rec.prefilled)
         state.admission.release()  # a slot may have freed up (here or in a failed attempt)
+        if lease is not None:
+            lease.release(rec.meter)
         bookkeeping(request, state, rec)
 
 
-def _authenticate(request: web.Request, state: RouterState) -> RequestClass | None:
-    """The API key's class; 401 when keys are required and this one is unknown."""
-    if not state.key_classes:
-        return None
-    auth = request.headers.get("Authorization", "")
-    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-    if key in state.key_classes:
-        return state.key_classes[key]
-    if state.config.require_api_key:
-        raise RouterError(401, "invalid or missing API key", code="invalid_api_key")
-    return None
-
-
-def _policy(request: web.Request, state: RouterState) -> Policy:
+def _policy(request: web.Request, state: RouterState, tenant: Tenant | None) -> Policy:
+    """The header's policy (if honoured), else the API key's, else the default."""
     name = request.headers.get("X-Switchyard-Policy")
     if name is None or not state.config.honor_policy_header:
-        return state.policies[state.config.default_policy]
+        own = tenant.spec.policy if tenant is not None else None
+        return state.policies[own or state.config.default_policy]
     policy = state.policies.get(name.strip())
     if policy is None:
         known = ", ".join(state.policies)

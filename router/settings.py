@@ -57,11 +57,42 @@ class BackendSpec:
 
 @dataclass(frozen=True, slots=True)
 class ApiKeySpec:
-    """A client API key (value read from ``env``) and the class its requests get."""
+    """A client API key, given by exactly one of ``env``, ``file`` or ``sha256`` (router.auth)."""
 
     name: str
-    env: str
+    env: str | None = None
+    file: str | None = None
+    sha256: str | None = None
     request_class: RequestClass | None = None
+    models: tuple[str, ...] = ()
+    """Models this key may use; empty means all."""
+    policy: str | None = None
+    """Policy for this key's requests unless the request names one."""
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrency: int | None = None
+    admin: bool = False
+    """May call ``/switchyard/*`` when keys are required."""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """Connection-level limits of the listening socket (see router.limits)."""
+
+    max_connections: int = 10000
+    idle_seconds: float = 75.0
+    """A connection with no request in progress (or only part of one) is closed after this."""
+    max_headers: int = 100
+    max_header_bytes: int = 8190
+    """Longest request line or single header field."""
+    write_timeout: float = 60.0
+    """A client that reads nothing of its answer for this long is disconnected."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownSettings:
+    drain_seconds: float = 30.0
+    """On SIGTERM, how long in-flight requests may take to finish before being cut."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +149,8 @@ class HealthSettings:
     failures_to_eject: int = 3
     """Consecutive failures (probes or requests) that mark a backend down."""
     cooldown: float = 10.0
-    """Seconds a passively ejected backend stays out before it is tried again."""
+    """Seconds a passively ejected backend stays out first; doubles after a failed probe."""
+    cooldown_max: float = 300.0
     models_refresh: float = 30.0
     scrape_metrics: bool = True
     scrape_interval: float = 1.0
@@ -185,6 +217,8 @@ class RouterConfig:
     failover: FailoverSettings = FailoverSettings()
     health: HealthSettings = HealthSettings()
     capture: CaptureSettings | None = None
+    limits: LimitSettings = LimitSettings()
+    shutdown: ShutdownSettings = ShutdownSettings()
     admission: AdmissionSettings = AdmissionSettings()
     shadow: Mapping[str, ShadowSettings] = field(default_factory=dict)
     """Served policy name -> where its mirrored requests go."""

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from policies.base import Policy
-from policies.types import RequestClass
 from router.admission import Admission
+from router.auth import Gate
 from router.backends import Pool
 from router.capture import CaptureWriter
 from router.config import RouterConfig
@@ -28,8 +28,8 @@ class RouterState:
     pool: Pool
     policies: dict[str, Policy]
     metrics: Metrics
-    key_classes: dict[str, RequestClass | None]
-    """Client API key value -> its configured class (from api_keys)."""
+    gate: Gate
+    """Client API keys and their limits (swapped whole by a reload)."""
     admission: Admission
     shadows: Shadows
     slo: SloTable = field(default_factory=dict)

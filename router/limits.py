@@ -1,0 +1,192 @@
+"""Connection-level limits: how many sockets, how long idle, how much header, slow readers.
+
+aiohttp parses HTTP and enforces header sizes itself; this module plugs in where it cannot
+be configured from outside:
+
+- :class:`GuardedHandler` answers HTTP-level rejections (malformed request line, oversized
+  or conflicting headers, smuggling shapes) in OpenAI's error JSON rather than text, and
+  disconnects a client that has not read any of its answer for ``write_timeout`` seconds.
+  The second needs no per-chunk work: asyncio calls ``pause_writing`` when the socket's send
+  buffer is full, which starts one timer; ``resume_writing`` stops it. While paused, the
+  relay's ``write`` waits, so the router stops reading from the upstream and the upstream's
+  TCP window closes: a slow client throttles its engine instead of growing router memory.
+- :class:`GuardedSite` caps open connections (the next one gets a 503 and is closed).
+- :func:`single_headers` refuses a request that repeats a header the router acts on (two
+  ``Authorization`` or ``X-Switchyard-Policy`` values would otherwise be read as the first
+  by the router and maybe as the last by something else).
+
+Idle connections, including ones that send part of a request and stop (slowloris), are
+closed by aiohttp's keep-alive timer, which runs from the moment a connection opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_server import Server
+
+from router.errors import RouterError, error_body, error_response
+from router.settings import LimitSettings
+
+log = logging.getLogger("router")
+_MAX_MESSAGE = 200
+# Headers the router reads or rewrites: each may appear at most once.
+SINGLE = ("authorization", "content-type", "host", "x-request-class", "x-request-id",
+          "x-session-id", "x-switchyard-policy")  # fmt: skip
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def single_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """400 for a repeated header from :data:`SINGLE` (aiohttp already refuses repeated
+    ``Content-Length`` and ``Transfer-Encoding``)."""
+    headers = request.headers
+    if len(headers) > len(set(map(str.lower, headers))):
+        for name in SINGLE:
+            if len(headers.getall(name, ())) > 1:
+                message = f"header '{name}' given more than once"
+                return error_response(RouterError(400, message, name, "duplicate_header"))
+    return await handler(request)
+
+
+def handler_options(limits: LimitSettings) -> dict[str, Any]:
+    """Keyword arguments for ``web.AppRunner`` that aiohttp passes to each connection."""
+    return {
+        "keepalive_timeout": limits.idle_seconds,
+        "max_headers": limits.max_headers,
+        "max_field_size": limits.max_header_bytes,
+        "max_line_size": limits.max_header_bytes,
+    }
+
+
+class _Open:
+    """The number of connections one site has open."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's connection handler with JSON errors and a stalled-reader timeout."""
+
+    __slots__ = ("_open", "_stall", "_write_timeout")
+
+    def __init__(
+        self, manager: Server, *, opened: _Open, write_timeout: float, **kwargs: Any
+    ) -> None:
+        super().__init__(manager, **kwargs)
+        self._open = opened
+        self._write_timeout = write_timeout
+        self._stall: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._open.count += 1
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._open.count -= 1
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stall = self._loop.call_later(self._write_timeout, self._disconnect)
+
+    def resume_writing(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        super().resume_writing()
+
+    def _disconnect(self) -> None:
+        self._stall = None
+        if self.transport is not None:
+            # abort, not close: close would wait to flush the very buffer nobody reads.
+            self.transport.abort()
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """The rejection as OpenAI error JSON; the connection is closed after it."""
+        if status >= 500:
+            log.error("error handling a request", exc_info=exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send an error")
+        text = (message or str(exc or "") or "bad request").splitlines()[0][:_MAX_MESSAGE]
+        if status >= 500:
+            text = "internal router error"
+        resp = web.Response(
+            status=status,
+            body=error_body(status, text, code="bad_http"),
+            content_type="application/json",
+        )
+        resp.force_close()
+        return resp
+
+
+_FULL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+class _Refuse(asyncio.Protocol):
+    """The answer for a connection beyond ``max_connections``: 503, then close."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        body = error_body(503, "the router has too many open connections", code="overloaded")
+        transport.write(_FULL % (len(body), body))  # type: ignore[attr-defined]
+        transport.close()
+
+
+class GuardedSite(web.SockSite):
+    """A ``SockSite`` whose connections are :class:`GuardedHandler`, at most a set number."""
+
+    __slots__ = ("_limits", "_options")
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        sock: socket.socket,
+        limits: LimitSettings,
+        options: dict[str, Any],
+        *,
+        backlog: int,
+    ) -> None:
+        super().__init__(runner, sock, backlog=backlog)
+        self._limits = limits
+        self._options = options
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        opened = _Open()
+        cap = self._limits.max_connections
+        timeout = self._limits.write_timeout
+        options = self._options
+
+        def connection() -> asyncio.BaseProtocol:
+            if opened.count >= cap:
+                return _Refuse()
+            return GuardedHandler(
+                server, loop=loop, opened=opened, write_timeout=timeout, **options
+            )
+
+        self._server = await loop.create_server(connection, sock=self._sock, backlog=self._backlog)

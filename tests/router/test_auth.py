@@ -1,0 +1,171 @@
+"""router.auth: key sources, constant-time lookup, model lists, token buckets, concurrency."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import orjson
+import pytest
+
+from common.sse import StreamMeter
+from policies.types import RequestInfo
+from router.auth import Gate, TokenBucket, exposure_warning
+from router.errors import RouterError
+from router.settings import ApiKeySpec, ConfigError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def req(model: str = "m", prompt: int = 10, max_tokens: int | None = 20) -> RequestInfo:
+    return RequestInfo(
+        "r", "chat", model, "interactive", prompt_tokens=prompt, max_tokens=max_tokens
+    )
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def test_key_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SY_AUTH_TEST_KEY", "from-env")
+    (tmp_path / "key").write_text("from-file\n")
+    gate = Gate(
+        [
+            ApiKeySpec("e", env="SY_AUTH_TEST_KEY"),
+            ApiKeySpec("f", file=str(tmp_path / "key")),
+            ApiKeySpec("h", sha256=sha("from-hash")),
+        ],
+        required=True,
+    )
+    for key, name in (("from-env", "e"), ("from-file", "f"), ("from-hash", "h")):
+        tenant = gate.identify(bearer(key))
+        assert tenant is not None and tenant.spec.name == name
+    for headers in ({}, bearer("nope"), {"Authorization": "Basic from-env"}):
+        with pytest.raises(RouterError) as exc:
+            gate.identify(headers)
+        assert exc.value.status == 401
+
+
+def test_optional_keys_let_strangers_through() -> None:
+    gate = Gate([ApiKeySpec("h", sha256=sha("k"), request_class="batch")], required=False)
+    assert gate.identify(bearer("other")) is None
+    assert gate.identify({}) is None
+    tenant = gate.identify(bearer("k"))
+    assert tenant is not None and tenant.spec.request_class == "batch"
+    gate.check_admin({})  # keys not required: admin endpoints open
+
+
+def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        Gate([ApiKeySpec("f", file=str(tmp_path / "missing"))], required=True)
+    assert exc.value.errors[0][0] == "api_keys[0]"
+
+
+def test_required_keys_all_unset_let_nobody_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SY_AUTH_TEST_UNSET", raising=False)
+    gate = Gate([ApiKeySpec("e", env="SY_AUTH_TEST_UNSET")], required=True)
+    for headers in ({}, bearer(""), bearer("anything")):
+        with pytest.raises(RouterError) as exc:
+            gate.identify(headers)
+        assert exc.value.status == 401
+
+
+def test_admin_key() -> None:
+    gate = Gate(
+        [ApiKeySpec("ops", sha256=sha("a"), admin=True), ApiKeySpec("u", sha256=sha("u"))],
+        required=True,
+    )
+    gate.check_admin(bearer("a"))
+    with pytest.raises(RouterError) as exc:
+        gate.check_admin(bearer("u"))
+    assert exc.value.status == 403
+    with pytest.raises(RouterError) as exc:
+        gate.check_admin({})
+    assert exc.value.status == 401
+
+
+def test_model_list_is_403() -> None:
+    gate = Gate([ApiKeySpec("u", sha256=sha("u"), models=("m",))], required=True)
+    tenant = gate.identify(bearer("u"))
+    assert gate.admit(tenant, req("m")) is not None
+    with pytest.raises(RouterError) as exc:
+        gate.admit(tenant, req("other"))
+    assert (exc.value.status, exc.value.param) == (403, "model")
+
+
+def test_concurrency_cap_and_release() -> None:
+    gate = Gate([ApiKeySpec("u", sha256=sha("u"), max_concurrency=2)], required=True)
+    tenant = gate.identify(bearer("u"))
+    leases = [gate.admit(tenant, req()) for _ in range(2)]
+    with pytest.raises(RouterError) as exc:
+        gate.admit(tenant, req())
+    assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "1"
+    lease = leases[0]
+    assert lease is not None
+    lease.release(None)  # no answer metered: the estimate stands
+    assert gate.admit(tenant, req()) is not None
+
+
+def test_requests_per_minute_bucket_with_retry_after() -> None:
+    clock = Clock()
+    gate = Gate(
+        [ApiKeySpec("u", sha256=sha("u"), requests_per_minute=3)], required=True, clock=clock
+    )
+    tenant = gate.identify(bearer("u"))
+    for _ in range(3):
+        gate.admit(tenant, req())
+    with pytest.raises(RouterError) as exc:
+        gate.admit(tenant, req())
+    assert exc.value.status == 429
+    assert exc.value.headers["Retry-After"] == "20"  # one request refills in 60/3 s
+    clock.now += 20
+    gate.admit(tenant, req())
+
+
+def test_tokens_per_minute_settles_with_usage() -> None:
+    clock = Clock()
+    gate = Gate(
+        [ApiKeySpec("u", sha256=sha("u"), tokens_per_minute=100)], required=True, clock=clock
+    )
+    tenant = gate.identify(bearer("u"))
+    lease = gate.admit(tenant, req(prompt=30, max_tokens=50))  # charged 80
+    assert lease is not None
+    with pytest.raises(RouterError):
+        gate.admit(tenant, req(prompt=30, max_tokens=50))
+    meter = StreamMeter(0.0)
+    usage = {"prompt_tokens": 10, "completion_tokens": 5}
+    meter.feed_body(orjson.dumps({"choices": [], "usage": usage}), 1.0)
+    lease.release(meter)  # really used 15: 65 of the 80 come back, 85 left
+    assert gate.admit(tenant, req(prompt=30, max_tokens=50)) is not None
+
+
+def test_bucket_refills_continuously_and_caps() -> None:
+    clock = Clock()
+    bucket = TokenBucket(60, clock)
+    bucket.take(60)
+    assert bucket.wait_for(1) == pytest.approx(1.0)
+    clock.now += 0.5
+    assert bucket.wait_for(1) == pytest.approx(0.5)
+    clock.now += 1000
+    assert bucket.wait_for(60) == 0
+    assert bucket.wait_for(600) == 0  # larger than the bucket: needs it full, not more
+    assert bucket.level == 60
+
+
+def test_exposure_warning() -> None:
+    assert exposure_warning("127.0.0.1", False) is None
+    assert exposure_warning("::1", False) is None
+    assert exposure_warning("0.0.0.0", True) is None
+    warning = exposure_warning("0.0.0.0", False)
+    assert warning is not None and "require_api_key" in warning
