@@ -3,6 +3,7 @@ ports, probes, config and commands agree with the router, the replayer and each 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -24,7 +25,8 @@ from tests.deploy.manifests import (
     matches,
     one,
 )
-from tests.procs import ROOT
+from tests.procs import ROOT, start_emulator
+from tests.router.harness import base_config, start_router, write_config
 
 MANIFESTS = load_manifests()
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
@@ -260,6 +262,57 @@ class TestReplayJob:
             counts.append(planned(argv))
         assert all(counts)
         assert sum(counts) == planned([str(capture)])
+
+    def test_pods_and_the_merge_replay_every_request_once(self, tmp_path: Path) -> None:
+        """Every pod's argv (expanded per index, paths and target mapped to this machine) run
+        at once against a real router, then the README's merge over the pods' results."""
+        capture = tmp_path / "capture.jsonl"
+        with (ROOT / "config" / "demo-capture.jsonl").open(encoding="utf-8") as f:
+            lines = [json.loads(next(f)) for _ in range(16)]
+        for line in lines:  # a short, quick slice of the demo capture
+            line["t_offset_ms"] /= 20
+            line["body"]["max_tokens"] = 8
+        capture.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+        out = tmp_path / "out"
+        out.mkdir()
+        with (
+            start_emulator("vllm", time_scale=50) as vllm,
+            start_emulator("deepinfer", time_scale=50) as deepinfer,
+        ):
+            backends = [("vllm", "vllm", vllm.url), ("deepinfer", "deepinfer", deepinfer.url)]
+            path = write_config(tmp_path, base_config(backends))
+            with start_router(path) as router:
+                procs = []
+                for index in range(self.SPEC["completions"]):
+                    argv = self.argv(index)[1:]
+                    argv[0] = str(capture)
+                    argv[argv.index("--target") + 1] = router.url
+                    for name in ("--results", "--out"):
+                        i = argv.index(name) + 1
+                        argv[i] = str(out / Path(argv[i]).name)
+                    cmd = [sys.executable, "-m", "replay", *argv]
+                    procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+                try:
+                    assert [p.wait(timeout=120) for p in procs] == [0] * len(procs)
+                finally:
+                    for p in procs:
+                        if p.poll() is None:
+                            p.kill()
+                            p.wait()
+        shards = sorted(out.glob("results-*.jsonl"))
+        assert len(shards) == self.SPEC["completions"]
+        merged = tmp_path / "report.json"
+        cmd = [sys.executable, "-m", "replay", "merge", *map(str, shards), "--out", str(merged)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        (run,) = json.loads(merged.read_text(encoding="utf-8"))["runs"]
+        assert (run["overall"]["completed"], run["overall"]["failed"]) == (len(lines), 0)
+        ids = [
+            json.loads(x)["custom_id"]
+            for shard in shards
+            for x in shard.read_text(encoding="utf-8").splitlines()
+        ]
+        assert sorted(ids) == sorted(x["custom_id"] for x in lines)
 
 
 def test_manifests_are_plain_yaml_documents() -> None:
