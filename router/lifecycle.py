@@ -8,8 +8,9 @@ error and the running config stays. In-flight requests keep the objects they sta
 What a reload can change: policies (unchanged ones keep their learned state), the default
 policy, the policy header switch, API keys and their limits, classification, timeouts,
 failover, aliases, and each backend's models, ``max_inflight`` and ``priority_capable``.
-Adding, removing or re-pointing backends, and the ``listen``, ``health``, ``capture``,
-``limits`` and ``shutdown`` sections, take a restart; a reload that changes them is refused.
+Adding, removing or re-pointing backends, and the ``health``, ``capture``, ``limits``,
+``shutdown``, ``admission`` and ``shadow`` sections, take a restart; a reload that changes
+them is refused. ``listen.host``/``port`` stay as running (the socket is already bound).
 
 Graceful shutdown itself needs no code here: the runner is built with
 ``shutdown_timeout = shutdown.drain_seconds``, so on SIGTERM aiohttp closes the listening
@@ -34,11 +35,12 @@ from router.backends import Pool
 from router.config import ConfigError, RouterConfig, load_config
 from router.errors import RouterError, error_response
 from router.settings import BackendSpec
+from router.slo import slo_table
 from router.state import RouterState
 
 log = logging.getLogger("router")
 BuildPolicies = Callable[[RouterConfig, Pool], dict[str, Policy]]
-_RESTART = ("health", "capture", "limits", "shutdown")
+_RESTART = ("health", "capture", "limits", "shutdown", "admission", "shadow")
 
 
 class Reloader:
@@ -88,7 +90,9 @@ class Reloader:
     def _apply(self, new: RouterConfig) -> None:
         state, old = self._state, self._state.config
         errors = [
-            (k, "changing it needs a restart") for k in _RESTART if _get(new, k) != _get(old, k)
+            (k, "changing it needs a restart")
+            for k in _RESTART
+            if getattr(new, k) != getattr(old, k)
         ]
         specs = _backends(old.backends, new.backends, errors)
         gate: Gate | None = None
@@ -110,16 +114,13 @@ class Reloader:
             backend.spec = spec
         state.pool.aliases = new.aliases
         state.policies = policies
+        state.slo = slo_table(policies, new.default_policy)
         state.gate = gate
         state.config = replace(
             new,
             listen=replace(new.listen, host=old.listen.host, port=old.listen.port),
             backends=specs,
         )
-
-
-def _get(config: RouterConfig, key: str) -> object:
-    return getattr(config, key)
 
 
 def _backends(

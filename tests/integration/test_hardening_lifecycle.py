@@ -1,0 +1,151 @@
+"""Graceful shutdown and reload over a real router process.
+
+SIGTERM: the listening socket closes, in-flight streams finish (up to
+``shutdown.drain_seconds``), the capture is flushed, exit code 0. SIGHUP and
+``POST /switchyard/reload`` swap the config without dropping a stream; an invalid config is
+refused with its errors and the old one stays.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.procs import Emulator, Process, start_emulator
+from tests.router.harness import base_config, request, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+LONG = 120  # tokens: a stream of about 0.4 s at this time scale
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[Emulator]:
+    with start_emulator("vllm", time_scale=4) as emu:
+        yield emu
+
+
+def client(router: Process) -> openai.OpenAI:
+    return openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def long_stream(router: Process, tokens: int = LONG) -> openai.Stream[Any]:
+    return client(router).chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=tokens,
+        stream=True,
+        extra_body={"min_tokens": tokens, "ignore_eos": True},
+    )
+
+
+def policy_of(router: Process) -> str:
+    raw = client(router).chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT, max_tokens=2
+    )
+    return raw.headers["x-switchyard-policy"]
+
+
+def refused(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_sigterm_drains_streams_flushes_capture_and_exits_0(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    doc = base_config([("vllm", "vllm", emulator.url)])
+    doc["shutdown"] = {"drain_seconds": 20}
+    doc["capture"] = {"path": str(tmp_path / "capture.jsonl")}
+    with start_router(write_config(tmp_path, doc)) as router:
+        stream = long_stream(router)
+        chunks = iter(stream)
+        next(chunks)
+        router.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not refused(router.url):  # new connections are refused at once
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        rest = list(chunks)  # ...while the open stream runs to its end
+        assert rest and rest[-1].choices[0].finish_reason == "length"
+        assert router.proc.wait(20) == 0
+    lines = (tmp_path / "capture.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and '"status":200' in lines[0]
+
+
+def test_drain_deadline_cuts_what_is_left(emulator: Emulator, tmp_path: Path) -> None:
+    doc = base_config([("vllm", "vllm", emulator.url)])
+    doc["shutdown"] = {"drain_seconds": 0.3}
+    with start_router(write_config(tmp_path, doc)) as router:
+        stream = long_stream(router, 3000)  # about 10 s
+        chunks = iter(stream)
+        next(chunks)
+        t0 = time.monotonic()
+        router.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(openai.APIConnectionError):  # cut: the body never ends
+            for _ in chunks:
+                pass
+        assert router.proc.wait(10) == 0
+        assert time.monotonic() - t0 < 8  # well before the stream would have ended
+
+
+@pytest.fixture()
+def reloadable(
+    emulator: Emulator, tmp_path: Path
+) -> Iterator[tuple[Process, Path, dict[str, Any]]]:
+    doc = base_config([("vllm", "vllm", emulator.url)])
+    path = write_config(tmp_path, doc)
+    with start_router(path) as router:
+        yield router, path, doc
+
+
+def test_reload_endpoint_applies_and_refuses(
+    reloadable: tuple[Process, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    router, path, doc = reloadable
+    url = router.url + "/switchyard/reload"
+    assert policy_of(router) == "class-split"
+    stream = long_stream(router)  # open across both reloads
+    chunks = iter(stream)
+    next(chunks)
+    write_config(tmp_path, {**doc, "default_policy": "round-robin"})
+    reply = request("POST", url, b"")
+    assert reply.status == 200, reply.text
+    assert policy_of(router) == "round-robin"
+    write_config(tmp_path, {**doc, "default_policy": "nope", "bogus": 1})
+    reply = request("POST", url, b"")
+    assert reply.status == 400
+    message = reply.json()["error"]["message"]
+    assert "default_policy" in message and "bogus" in message
+    assert policy_of(router) == "round-robin"  # the old config stays
+    moved = [{**doc["backends"][0], "url": "http://127.0.0.1:1"}]
+    write_config(tmp_path, {**doc, "backends": moved})
+    reply = request("POST", url, b"")
+    assert reply.status == 400 and "backends[0].url" in reply.json()["error"]["message"]
+    rest = list(chunks)
+    assert rest[-1].choices[0].finish_reason == "length"  # the stream never noticed
+    assert path.exists()
+
+
+def test_sighup_reloads(reloadable: tuple[Process, Path, dict[str, Any]], tmp_path: Path) -> None:
+    router, _, doc = reloadable
+    write_config(tmp_path, {**doc, "default_policy": "vllm-only"})
+    router.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while policy_of(router) != "vllm-only":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert router.proc.poll() is None
