@@ -30,10 +30,7 @@ from tests.router.harness import base_config, start_router, write_config
 
 MANIFESTS = load_manifests()
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
-# The router's drain deadline when router.yaml has no `shutdown.drain_seconds` (the
-# hardening work's default); the ConfigMap's own value wins when it sets one.
-DEFAULT_DRAIN_SECONDS = 30.0
-PRESTOP_SLACK = 5.0  # what terminationGracePeriodSeconds must keep beyond preStop + drain
+GRACE_MARGIN = 5.0  # what terminationGracePeriodSeconds must keep beyond preStop + drain
 
 DEPLOYMENT = one(MANIFESTS, "Deployment", "switchyard")
 POD: dict[str, Any] = DEPLOYMENT.doc["spec"]["template"]
@@ -121,13 +118,11 @@ def test_config_is_mounted_where_the_router_reads_it() -> None:
 
 
 def test_termination_grace_covers_prestop_and_the_drain(tmp_path: Path) -> None:
-    config = load_config(configmap_file(tmp_path))
-    shutdown = getattr(config, "shutdown", None)  # present once the hardening work lands
-    drain = float(getattr(shutdown, "drain_seconds", DEFAULT_DRAIN_SECONDS))
+    drain = load_config(configmap_file(tmp_path)).shutdown.drain_seconds
     prestop = ROUTER.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
     sleep = float(prestop[1]) if prestop[:1] == ["sleep"] else 0.0
     grace = POD["spec"]["terminationGracePeriodSeconds"]
-    assert grace >= sleep + drain + PRESTOP_SLACK
+    assert grace >= sleep + drain + GRACE_MARGIN
 
 
 def test_configmap_router_yaml_passes_check_config(tmp_path: Path) -> None:
