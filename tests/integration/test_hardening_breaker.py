@@ -1,0 +1,50 @@
+"""Outlier ejection over real processes: a backend answering 503 is ejected after
+``failures_to_eject`` failures in a row and gets no traffic while its breaker is open."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.procs import Process, start_emulator
+from tests.router.harness import base_config, get, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    broken = ["--error-rate", "1", "--error-status", "503"]
+    with (
+        start_emulator("vllm", time_scale=50, args=broken) as bad,
+        start_emulator("vllm", time_scale=50) as good,
+    ):
+        doc = base_config([("bad", "vllm", bad.url), ("good", "vllm", good.url)])
+        doc["default_policy"] = "round-robin"
+        # A long cooldown: within this test the ejected backend must see no request at all.
+        doc["health"] = {**doc["health"], "failures_to_eject": 2, "cooldown": 60}
+        with start_router(write_config(tmp_path_factory.mktemp("breaker"), doc)) as proc:
+            yield proc
+
+
+def _failovers(router: Process) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in get(router.url + "/metrics").text.splitlines()
+        if line.startswith("switchyard_failovers_total{") and 'backend="bad"' in line
+    )
+
+
+def test_failing_backend_is_ejected_and_skipped(router: Process) -> None:
+    c = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+    for _ in range(12):
+        raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
+        assert raw.headers["x-switchyard-backend"] == "good"  # failover hid every 503
+    assert _failovers(router) == 2  # two failures ejected it; round-robin never tried it again
+    states = {b["name"]: b for b in get(router.url + "/switchyard/backends").json()}
+    assert states["bad"]["breaker"] == "open" and not states["bad"]["healthy"]
+    assert states["good"]["breaker"] == "closed"
