@@ -126,12 +126,20 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=False)
 
 
+def _identity(doc: dict[str, object]) -> bytes:
+    """The bytes that seed a request's output: its JSON, keys sorted, without
+    ``stream_options`` (asking for usage must not change the text, as on a real engine)."""
+    return orjson.dumps(
+        {k: v for k, v in doc.items() if k != "stream_options"}, option=orjson.OPT_SORT_KEYS
+    )
+
+
 async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     opts = state.options
     started = time.perf_counter()
-    raw = await request.read()
-    gen = parse_generation(parse_json(raw), chat=chat, served=opts.model)
+    doc = parse_json(await request.read())
+    gen = parse_generation(doc, chat=chat, served=opts.model)
     plan = plan_for(request.headers.get(HEADER), opts.profile.faults, state.fault_rng)
     if plan.stall:
         await asyncio.sleep(plan.stall)
@@ -142,7 +150,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     limit = opts.profile.faults.max_waiting
     if limit is not None and engine.num_waiting >= limit:
         raise ApiError(503, f"Engine overloaded: {engine.num_waiting} requests already waiting.")
-    rng = request_rng(opts.seed, raw)
+    rng = request_rng(opts.seed, _identity(doc))
     length = cap if gen.ignore_eos else natural_length(rng, opts.profile.natural_output_tokens)
     length = max(min(length, cap), gen.min_tokens, 1)
     finish = "length" if length >= cap else "stop"
