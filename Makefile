@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m benchmarks.demo
+	$(BIN)/python -m benchmarks.replay_demo --out-dir out
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

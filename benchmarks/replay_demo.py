@@ -5,7 +5,7 @@ config/demo-capture.jsonl (four minutes of mixed interactive and batch traffic, 
 so each run takes about 40 seconds) once per policy among round-robin, class-split and adaptive
 that the router offers, prints the comparison table and writes report.json and report.html::
 
-    .venv/bin/python -m benchmarks.replay_demo [--speed 6] [--out-dir .]
+    .venv/bin/python -m benchmarks.replay_demo [--speed 6] [--out-dir out]
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ def available_policies(router: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--speed", type=float, default=6.0)
-    p.add_argument("--out-dir", type=Path, default=Path("."))
+    p.add_argument("--out-dir", type=Path, default=Path("out"))
     p.add_argument("--max-requests", type=int, help="cut the capture short (for a quick look)")
     a = p.parse_args(argv)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
     argv_router = [sys.executable, "-m", "router", "serve", "--port", "0"]
     print("starting the embedded default (two emulated engines and the router)...", flush=True)
     proc, url = spawn_ready(argv_router, "router listening on", 120)
