@@ -438,6 +438,7 @@ def _limits(r: Reader, v: object) -> LimitSettings:
         max_headers=r.integer(m, "max_headers", p, default=d.max_headers, lo=1),
         max_header_bytes=r.integer(m, "max_header_bytes", p, default=d.max_header_bytes, lo=64),
         write_timeout=r.number(m, "write_timeout", p, default=d.write_timeout, lo=0.01),
+        body_seconds=r.number(m, "body_seconds", p, default=d.body_seconds, lo=0.01),
     )
 
 

@@ -56,6 +56,22 @@ async def single_headers(request: web.Request, handler: Handler) -> web.StreamRe
     return await handler(request)
 
 
+async def read_body(request: web.Request, limit: int, limits: LimitSettings) -> bytes:
+    """The whole request body: 413 past ``limit`` bytes, 408 when it takes longer than
+    ``limits.body_seconds`` to arrive (a client trickling its body holds a handler)."""
+    too_large = RouterError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        async with asyncio.timeout(limits.body_seconds):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    except TimeoutError:
+        message = f"request body not received within {limits.body_seconds} s"
+        raise RouterError(408, message, code="request_timeout") from None
+
+
 def handler_options(limits: LimitSettings) -> dict[str, Any]:
     """Keyword arguments for ``web.AppRunner`` that aiohttp passes to each connection."""
     return {

@@ -24,6 +24,7 @@ from router.auth import Lease, Tenant
 from router.body import upstream_body
 from router.classify import Parsed, classify, parse_body
 from router.errors import RouterError, error_response, sse_error_event
+from router.limits import read_body
 from router.record import Record, bookkeeping
 from router.state import RouterState
 from router.upstream import (
@@ -58,7 +59,7 @@ async def handle(
         tenant = state.gate.identify(request.headers)
         policy = _policy(request, state, tenant)
         rec.policy = extra["X-Switchyard-Policy"] = policy.name
-        rec.body = await _read_body(request, state.config.listen.max_body_bytes)
+        rec.body = await read_body(request, state.config.listen.max_body_bytes, state.config.limits)
         parsed = classify(
             parse_body(rec.body, endpoint),
             endpoint,
@@ -132,17 +133,6 @@ def _policy(request: web.Request, state: RouterState, tenant: Tenant | None) -> 
         known = ", ".join(state.policies)
         raise RouterError(400, f"unknown policy '{name}' (known: {known})", "X-Switchyard-Policy")
     return policy
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise RouterError(413, f"request body exceeds {limit} bytes", code="request_too_large")
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise RouterError(
-            413, f"request body exceeds {limit} bytes", code="request_too_large"
-        ) from None
 
 
 def _router_asks_usage(parsed: Parsed) -> bool:

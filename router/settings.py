@@ -87,6 +87,8 @@ class LimitSettings:
     """Longest request line or single header field."""
     write_timeout: float = 60.0
     """A client that reads nothing of its answer for this long is disconnected."""
+    body_seconds: float = 30.0
+    """Longest time a request body may take to arrive (408 after)."""
 
 
 @dataclass(frozen=True, slots=True)

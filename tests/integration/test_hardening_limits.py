@@ -24,7 +24,12 @@ IDLE = 1.0
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     with start_emulator("vllm", time_scale=50) as emu:
         doc = base_config([("vllm", "vllm", emu.url)])
-        doc["limits"] = {"idle_seconds": IDLE, "max_connections": 3000, "write_timeout": 1.0}
+        doc["limits"] = {
+            "idle_seconds": IDLE,
+            "max_connections": 3000,
+            "write_timeout": 1.0,
+            "body_seconds": 1.0,
+        }
         with start_router(write_config(tmp_path_factory.mktemp("limits"), doc)) as proc:
             yield proc
 
@@ -80,6 +85,26 @@ def test_slowloris_headers_are_cut_off(router: Process) -> None:
         for s in socks:
             s.close()
     assert get(router.url + "/health").status == 200
+
+
+def test_a_trickled_body_gets_408(router: Process) -> None:
+    with socket.create_connection(_addr(router), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
+        )
+        data = b""
+        deadline = time.monotonic() + 8
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            assert time.monotonic() < deadline, data
+            with contextlib.suppress(OSError):
+                sock.send(b" ")  # one byte now and then: never the whole body
+            try:
+                data += sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                time.sleep(0.1)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    assert json.loads(body)["error"]["code"] == "request_timeout"
 
 
 def test_thousands_of_idle_connections_stay_cheap_and_are_closed(router: Process) -> None:
