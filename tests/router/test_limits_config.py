@@ -1,0 +1,92 @@
+"""Config of the hardening sections: api_keys, limits, shutdown, health.cooldown_max."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.cli import load_checked
+from router.config import ConfigError, parse_config
+from router.settings import LimitSettings, ShutdownSettings
+from tests.router.harness import base_config, write_config
+
+GOOD = base_config([("a", "vllm", "http://127.0.0.1:1")])
+DIGEST = "ab" * 32
+
+
+def errors_of(doc: Any) -> dict[str, str]:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(doc)
+    return dict(exc.value.errors)
+
+
+def test_defaults() -> None:
+    config = parse_config(GOOD)
+    assert config.limits == LimitSettings()
+    assert config.shutdown == ShutdownSettings(drain_seconds=30.0)
+    assert config.health.cooldown_max == 300.0
+
+
+def test_values_round_trip() -> None:
+    doc = dict(
+        GOOD,
+        limits={"max_connections": 7, "idle_seconds": 2, "write_timeout": 3, "body_seconds": 4},
+        shutdown={"drain_seconds": 5},
+        api_keys=[
+            {
+                "name": "k",
+                "sha256": DIGEST,
+                "models": ["m"],
+                "policy": "round-robin",
+                "class": "batch",
+                "requests_per_minute": 6,
+                "tokens_per_minute": 7,
+                "max_concurrency": 8,
+                "admin": True,
+            },
+        ],
+    )
+    config = parse_config(doc)
+    assert (config.limits.max_connections, config.limits.body_seconds) == (7, 4.0)
+    assert config.shutdown.drain_seconds == 5.0
+    key = config.api_keys[0]
+    assert (key.sha256, key.models, key.policy, key.request_class) == (
+        DIGEST,
+        ("m",),
+        "round-robin",
+        "batch",
+    )
+    assert (key.requests_per_minute, key.tokens_per_minute, key.max_concurrency) == (6, 7, 8)
+    assert key.admin
+
+
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [
+        ({"limits": {"max_conections": 1}}, "limits.max_conections"),
+        ({"limits": {"max_connections": 0}}, "limits.max_connections"),
+        ({"limits": {"idle_seconds": "soon"}}, "limits.idle_seconds"),
+        ({"shutdown": {"drain_seconds": -1}}, "shutdown.drain_seconds"),
+        ({"shutdown": {"grace": 1}}, "shutdown.grace"),
+        ({"api_keys": [{"name": "k", "env": "A", "sha256": DIGEST}]}, "api_keys[0]"),
+        ({"api_keys": [{"name": "k", "sha256": "abc"}]}, "api_keys[0].sha256"),
+        ({"api_keys": [{"name": "k", "env": "A", "policy": "nope"}]}, "api_keys[0].policy"),
+        (
+            {"api_keys": [{"name": "k", "env": "A", "requests_per_minute": 0}]},
+            "api_keys[0].requests_per_minute",
+        ),
+        ({"api_keys": [{"name": "k", "env": "A", "admin": "yes"}]}, "api_keys[0].admin"),
+        ({"api_keys": [{"name": "k", "env": "A", "models": "m"}]}, "api_keys[0].models"),
+    ],
+)
+def test_errors_have_paths(extra: dict[str, Any], path: str) -> None:
+    assert path in errors_of({**GOOD, **extra})
+
+
+def test_unreadable_key_file_fails_check_config(tmp_path: Path) -> None:
+    doc = {**GOOD, "api_keys": [{"name": "k", "file": str(tmp_path / "missing")}]}
+    with pytest.raises(ConfigError) as exc:
+        load_checked(write_config(tmp_path, doc))
+    assert dict(exc.value.errors)["api_keys[0]"].startswith("cannot read key file")
