@@ -94,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _make_parents(*paths: str | None) -> None:
+    """Output folders are created, as a Job writing into a fresh volume expects."""
+    for path in paths:
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
 def _convert(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="replay convert", description="Any trace -> capture.jsonl")
     p.add_argument("file")
@@ -106,6 +113,7 @@ def _convert(argv: list[str]) -> int:
         src = Source(a.file, fmt, model=a.model)
         synth = PromptSynth()  # the documented rule: prompts match the recorded lengths there
         n = 0
+        _make_parents(a.output)
         with open(a.output, "wb") as out:
             for item in src:
                 rec = item.record
@@ -175,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if a.dry_run:
             return _dry_run(opts)
+        _make_parents(a.out, a.results, a.html)
         replayer = Replayer(opts)
         # Cyclic GC pauses over a long run show up as send lag: park the startup objects
         # out of the collector's reach and collect the young generation less often

@@ -100,5 +100,6 @@ def main(argv: list[str]) -> int:
         return 2
     print(render_tables(report))
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_bytes(dumps_report(report))
     return 0

@@ -40,7 +40,7 @@ def test_shards_merge_into_the_whole(emu: Process, tmp_path: Path) -> None:
     capture.write_bytes(b"".join(DEMO.read_bytes().splitlines(keepends=True)[:30]))
     pieces = []
     for i in range(3):
-        results = tmp_path / f"results-{i}.jsonl"
+        results = tmp_path / "shards" / f"results-{i}.jsonl"  # folder created by replay
         p = replay(str(capture), "--target", emu.url, "--concurrency", "4", "--shard", f"{i}/3",
                    "--results", str(results))  # fmt: skip
         assert p.returncode == 0, p.stderr
@@ -49,7 +49,7 @@ def test_shards_merge_into_the_whole(emu: Process, tmp_path: Path) -> None:
     whole = [orjson.loads(line)["custom_id"] for line in capture.read_bytes().splitlines()]
     assert sorted(ids) == sorted(whole)  # every request in exactly one shard
 
-    out = tmp_path / "merged.json"
+    out = tmp_path / "new-folder" / "merged.json"  # output folders are created
     p = replay("merge", *map(str, pieces), "--out", str(out))
     assert p.returncode == 0, p.stderr
     assert "Successful requests" in p.stdout
