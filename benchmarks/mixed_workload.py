@@ -132,7 +132,9 @@ async def one(
 async def workload(url: str, policy: str, rate: float, args: argparse.Namespace) -> Run:
     """Drive one router for ``args.duration`` model seconds; collect every request."""
     scale, duration = args.time_scale, args.duration
-    rng = random.Random(args.seed)
+    # Separate streams: the interactive arrivals are the same for every policy, however the
+    # batch loop's pace (which depends on the policy) consumes its own draws.
+    rng, batch_rng = random.Random(args.seed), random.Random(args.seed + 1)
     run = Run(policy)
     endpoint = url + "/v1/chat/completions"
     policy_header = {"X-Switchyard-Policy": policy}
@@ -147,7 +149,10 @@ async def workload(url: str, policy: str, rate: float, args: argparse.Namespace)
         async def batch_worker() -> None:
             while time.perf_counter() < stop:
                 body = chat_body(
-                    next(counter), rng.randint(6000, 8192), rng.randint(512, 1024), stream=False
+                    next(counter),
+                    batch_rng.randint(6000, 8192),
+                    batch_rng.randint(512, 1024),
+                    stream=False,
                 )
                 run.results.append(
                     await one(session, endpoint, body, batch_headers, "batch", scale, t0)
@@ -300,16 +305,20 @@ def print_targets(
          f"{p95_ratio:.2f} x round-robin's (target <= {P95_RATIO}); "
          f"class-split: {cs['interactive'].p95_ttft:.3f} s = {cs_ratio:.2f} x",
          p95_ratio <= P95_RATIO),
-        (f"adaptive interactive P95 TTFT within the SLO of {slo['interactive'].ttft_s:g} s",
-         a["interactive"].p95_ttft <= slo["interactive"].ttft_s),
         (f"adaptive batch {a['batch'].tokens_per_s:.0f} tok/s = {batch_ratio:.2f} x "
          f"class-split's {cs['batch'].tokens_per_s:.0f} (target >= {TARGETS[level]})",
          batch_ratio >= TARGETS[level]),
         (f"adaptive failed requests: {failed} (target 0)", failed == 0),
     ]  # fmt: skip
+    within = a["interactive"].p95_ttft <= slo["interactive"].ttft_s
+    slo_text = f"adaptive interactive P95 TTFT within the SLO of {slo['interactive'].ttft_s:g} s"
+    if level == "light":  # the issue sets this target at light load only
+        checks.insert(1, (slo_text, within))
     print(f"-- targets at {level} load --")
     for text, ok in checks:
         print(f"  [{'met' if ok else 'MISSED'}] {text}")
+    if level != "light":
+        print(f"  [info] {slo_text}: {'yes' if within else 'no'} (a target at light load only)")
     return all(ok for _, ok in checks)
 
 
@@ -320,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=120.0, help="model seconds per run")
     p.add_argument("--light", type=float, default=1.0, help="interactive req/s (model time)")
     p.add_argument("--heavy", type=float, default=5.0, help="interactive req/s (model time)")
-    p.add_argument("--batch-concurrency", type=int, default=12)
+    p.add_argument("--batch-concurrency", type=int, default=32)
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
     p.add_argument("--levels", nargs="+", default=["light", "heavy"], choices=["light", "heavy"])
     p.add_argument("--seed", type=int, default=0)
