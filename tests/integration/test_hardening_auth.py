@@ -58,14 +58,20 @@ def router(tmp_path_factory: pytest.TempPathFactory, capture: Path) -> Iterator[
         mp.undo()
 
 
-def client(router: Process, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=30)
+def client(router: Process, key: str, **headers: str) -> openai.OpenAI:
+    """Close it (``with``): its pooled connections would otherwise outlive the test."""
+    return openai.OpenAI(
+        base_url=router.url + "/v1",
+        api_key=key,
+        max_retries=0,
+        timeout=30,
+        default_headers=headers,
+    )
 
 
 def chat(router: Process, key: str, model: str = MODEL, max_tokens: int = 4) -> ChatCompletion:
-    return client(router, key).chat.completions.create(
-        model=model, messages=CHAT, max_tokens=max_tokens
-    )
+    with client(router, key) as c:
+        return c.chat.completions.create(model=model, messages=CHAT, max_tokens=max_tokens)
 
 
 def test_missing_and_wrong_keys_are_401(router: Process) -> None:
@@ -101,20 +107,20 @@ def test_tokens_per_minute(router: Process) -> None:
 
 
 def test_max_concurrency(router: Process) -> None:
-    c = client(router, KEYS["web"])
-    stream = c.chat.completions.create(
-        model=MODEL,
-        messages=CHAT,
-        max_tokens=200,
-        stream=True,
-        extra_body={"min_tokens": 200},
-    )
-    try:
-        next(iter(stream))
-        with pytest.raises(openai.RateLimitError):
-            chat(router, KEYS["web"])
-    finally:
-        stream.close()
+    with client(router, KEYS["web"]) as c:
+        stream = c.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=200,
+            stream=True,
+            extra_body={"min_tokens": 200},
+        )
+        try:
+            next(iter(stream))
+            with pytest.raises(openai.RateLimitError):
+                chat(router, KEYS["web"])
+        finally:
+            stream.close()
     deadline = time.monotonic() + 10
     while True:  # the slot frees when the router sees the disconnect
         try:
@@ -126,20 +132,12 @@ def test_max_concurrency(router: Process) -> None:
 
 
 def test_key_policy_and_class_overrides(router: Process) -> None:
-    raw = client(router, KEYS["pin"]).chat.completions.with_raw_response.create(
-        model=MODEL,
-        messages=CHAT,
-        max_tokens=2,
-    )
+    with client(router, KEYS["pin"]) as c:
+        raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
     assert raw.headers["x-switchyard-policy"] == "round-robin"
     assert raw.headers["x-switchyard-class"] == "batch"
-    c = openai.OpenAI(
-        base_url=router.url + "/v1",
-        api_key=KEYS["pin"],
-        max_retries=0,
-        default_headers={"X-Switchyard-Policy": "class-split"},
-    )
-    raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
+    with client(router, KEYS["pin"], **{"X-Switchyard-Policy": "class-split"}) as c:
+        raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
     assert raw.headers["x-switchyard-policy"] == "class-split"  # the request's own choice wins
 
 

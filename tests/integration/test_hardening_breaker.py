@@ -40,10 +40,12 @@ def _failovers(router: Process) -> float:
 
 
 def test_failing_backend_is_ejected_and_skipped(router: Process) -> None:
-    c = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
-    for _ in range(12):
-        raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
-        assert raw.headers["x-switchyard-backend"] == "good"  # failover hid every 503
+    with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as c:
+        for _ in range(12):
+            raw = c.chat.completions.with_raw_response.create(
+                model=MODEL, messages=CHAT, max_tokens=2
+            )
+            assert raw.headers["x-switchyard-backend"] == "good"  # failover hid every 503
     assert _failovers(router) == 2  # two failures ejected it; round-robin never tried it again
     states = {b["name"]: b for b in get(router.url + "/switchyard/backends").json()}
     assert states["bad"]["breaker"] == "open" and not states["bad"]["healthy"]

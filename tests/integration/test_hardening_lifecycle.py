@@ -8,6 +8,7 @@ refused with its errors and the old one stays.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import time
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.procs import Emulator, Process, start_emulator
 from tests.router.harness import base_config, request, start_router, write_config
@@ -38,20 +39,24 @@ def client(router: Process) -> openai.OpenAI:
     return openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=30)
 
 
-def long_stream(router: Process, tokens: int = LONG) -> openai.Stream[Any]:
-    return client(router).chat.completions.create(
-        model=MODEL,
-        messages=CHAT,
-        max_tokens=tokens,
-        stream=True,
-        extra_body={"min_tokens": tokens, "ignore_eos": True},
-    )
+@contextlib.contextmanager
+def long_stream(router: Process, tokens: int = LONG) -> Iterator[Iterator[ChatCompletionChunk]]:
+    """The chunks of a stream of ``tokens`` tokens; stream and client closed after."""
+    with client(router) as c:
+        stream = c.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=tokens,
+            stream=True,
+            extra_body={"min_tokens": tokens, "ignore_eos": True},
+        )
+        with stream:
+            yield iter(stream)
 
 
 def policy_of(router: Process) -> str:
-    raw = client(router).chat.completions.with_raw_response.create(
-        model=MODEL, messages=CHAT, max_tokens=2
-    )
+    with client(router) as c:
+        raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
     return raw.headers["x-switchyard-policy"]
 
 
@@ -70,9 +75,7 @@ def test_sigterm_drains_streams_flushes_capture_and_exits_0(
     doc = base_config([("vllm", "vllm", emulator.url)])
     doc["shutdown"] = {"drain_seconds": 20}
     doc["capture"] = {"path": str(tmp_path / "capture.jsonl")}
-    with start_router(write_config(tmp_path, doc)) as router:
-        stream = long_stream(router)
-        chunks = iter(stream)
+    with start_router(write_config(tmp_path, doc)) as router, long_stream(router) as chunks:
         next(chunks)
         router.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
@@ -89,10 +92,8 @@ def test_sigterm_drains_streams_flushes_capture_and_exits_0(
 def test_drain_deadline_cuts_what_is_left(emulator: Emulator, tmp_path: Path) -> None:
     doc = base_config([("vllm", "vllm", emulator.url)])
     doc["shutdown"] = {"drain_seconds": 0.3}
-    with start_router(write_config(tmp_path, doc)) as router:
-        stream = long_stream(router, 3000)  # about 10 s
-        chunks = iter(stream)
-        next(chunks)
+    with start_router(write_config(tmp_path, doc)) as router, long_stream(router, 3000) as chunks:
+        next(chunks)  # a stream of about 10 s
         t0 = time.monotonic()
         router.proc.send_signal(signal.SIGTERM)
         with pytest.raises(openai.APIConnectionError):  # cut: the body never ends
@@ -116,11 +117,16 @@ def test_reload_endpoint_applies_and_refuses(
     reloadable: tuple[Process, Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     router, path, doc = reloadable
-    url = router.url + "/switchyard/reload"
     assert policy_of(router) == "class-split"
-    stream = long_stream(router)  # open across both reloads
-    chunks = iter(stream)
-    next(chunks)
+    with long_stream(router, 1000) as chunks:  # about 3 s: open across every reload
+        next(chunks)
+        _reloads(router, path, doc, tmp_path)
+        rest = list(chunks)
+    assert rest[-1].choices[0].finish_reason == "length"  # the stream never noticed
+
+
+def _reloads(router: Process, path: Path, doc: dict[str, Any], tmp_path: Path) -> None:
+    url = router.url + "/switchyard/reload"
     write_config(tmp_path, {**doc, "default_policy": "round-robin"})
     reply = request("POST", url, b"")
     assert reply.status == 200, reply.text
@@ -135,8 +141,6 @@ def test_reload_endpoint_applies_and_refuses(
     write_config(tmp_path, {**doc, "backends": moved})
     reply = request("POST", url, b"")
     assert reply.status == 400 and "backends[0].url" in reply.json()["error"]["message"]
-    rest = list(chunks)
-    assert rest[-1].choices[0].finish_reason == "length"  # the stream never noticed
     assert path.exists()
 
 
