@@ -112,3 +112,30 @@ def test_slo_goodput_is_counted_per_policy_and_class(tmp_path: Path) -> None:
             assert metric(text, met % "class-split") == 2
             assert metric(text, met % "adaptive") == 1
             assert metric(text, missed) == 1
+
+
+def test_prompt_leaves_outstanding_at_the_first_byte(tmp_path: Path) -> None:
+    with start_emulator("vllm", time_scale=2) as emu:
+        doc = base_config([("a", "vllm", emu.url)])
+        with start_router(write_config(tmp_path, doc)) as router:
+            client = client_for(router.url)
+
+            def counts() -> tuple[int, int, int]:
+                (b,) = get(router.url + "/switchyard/backends").json()
+                return (
+                    b["inflight"],
+                    b["outstanding_prompt_tokens"],
+                    b["outstanding_output_tokens"],
+                )
+
+            stream = client.chat.completions.create(
+                model=MODEL, messages=CHAT, max_tokens=4000, stream=True
+            )
+            try:
+                for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        break  # content has reached the client: prefill is over
+                assert counts() == (1, 0, 4000)
+            finally:
+                stream.close()
+            assert wait_for(lambda: counts() == (0, 0, 0))
