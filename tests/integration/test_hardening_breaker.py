@@ -1,15 +1,21 @@
 """Outlier ejection over real processes: a backend answering 503 is ejected after
-``failures_to_eject`` failures in a row and gets no traffic while its breaker is open."""
+``failures_to_eject`` failures in a row and gets no traffic while its breaker is open; once
+it is healthy again, a half-open probe brings it back."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.procs import Process, start_emulator
+from tests.procs import Process, start_emulator, start_process
 from tests.router.harness import base_config, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -50,3 +56,40 @@ def test_failing_backend_is_ejected_and_skipped(router: Process) -> None:
     states = {b["name"]: b for b in get(router.url + "/switchyard/backends").json()}
     assert states["bad"]["breaker"] == "open" and not states["bad"]["healthy"]
     assert states["good"]["breaker"] == "closed"
+
+
+def test_half_open_probe_brings_a_recovered_backend_back(tmp_path: Path) -> None:
+    broken = ["--error-rate", "1", "--error-status", "503"]
+    with start_emulator("vllm", time_scale=50) as good, contextlib.ExitStack() as flaky:
+        emu = flaky.enter_context(start_emulator("vllm", time_scale=50, args=broken))
+        doc = base_config([("flaky", "vllm", emu.url), ("good", "vllm", good.url)])
+        doc["default_policy"] = "round-robin"
+        doc["health"] = {**doc["health"], "failures_to_eject": 1, "cooldown": 0.3}
+        with (
+            start_router(write_config(tmp_path, doc)) as router,
+            openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as c,
+        ):
+            for _ in range(4):
+                c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
+            assert _breaker(router, "flaky") in ("open", "half-open")
+            flaky.close()  # the engine is fixed and comes back on the same port
+            argv = [sys.executable, "-m", "emulator", "--profile", "vllm", "--time-scale", "50",
+                    "--port", str(urlsplit(emu.url).port)]  # fmt: skip
+            with start_process(argv, "emulator listening on"):
+                deadline = time.monotonic() + 15
+                while _breaker(router, "flaky") != "closed":  # until a probe got through
+                    assert time.monotonic() < deadline
+                    c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
+                    time.sleep(0.05)
+                served = {
+                    c.chat.completions.with_raw_response.create(
+                        model=MODEL, messages=CHAT, max_tokens=2
+                    ).headers["x-switchyard-backend"]
+                    for _ in range(6)
+                }
+                assert served == {"flaky", "good"}
+
+
+def _breaker(router: Process, name: str) -> str:
+    states = {b["name"]: b["breaker"] for b in get(router.url + "/switchyard/backends").json()}
+    return str(states[name])
