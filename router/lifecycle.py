@@ -10,7 +10,8 @@ policy, the policy header switch, API keys and their limits, classification, tim
 failover, aliases, and each backend's models, ``max_inflight`` and ``priority_capable``.
 Adding, removing or re-pointing backends, and the ``health``, ``capture``, ``limits``,
 ``shutdown``, ``admission`` and ``shadow`` sections, take a restart; a reload that changes
-them is refused. ``listen.host``/``port`` stay as running (the socket is already bound).
+them is refused, as is a new ``listen.max_body_bytes``; ``listen.host``/``port`` stay as
+running (the socket is already bound).
 
 Graceful shutdown itself needs no code here: the runner is built with
 ``shutdown_timeout = shutdown.drain_seconds``, so on SIGTERM aiohttp closes the listening
@@ -94,6 +95,8 @@ class Reloader:
             for k in _RESTART
             if getattr(new, k) != getattr(old, k)
         ]
+        if new.listen.max_body_bytes != old.listen.max_body_bytes:  # aiohttp holds the old one
+            errors.append(("listen.max_body_bytes", "changing it needs a restart"))
         specs = _backends(old.backends, new.backends, errors)
         gate: Gate | None = None
         try:
