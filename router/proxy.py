@@ -226,6 +226,7 @@ async def _relay(
         rec.end = time.monotonic()
         if watch is not None and watch.fired:
             broken = f"upstream sent nothing for {idle} s"
+            opened.target.backend.request_failed()  # a stalled engine counts toward ejection
         if broken is not None or not meter.done:
             # Bytes already reached the client, so no retry: end its stream with an error.
             message = broken or "upstream stream ended before [DONE]"

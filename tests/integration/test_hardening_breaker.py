@@ -5,7 +5,9 @@ it is healthy again, a half-open probe brings it back."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,3 +95,64 @@ def test_half_open_probe_brings_a_recovered_backend_back(tmp_path: Path) -> None
 def _breaker(router: Process, name: str) -> str:
     states = {b["name"]: b["breaker"] for b in get(router.url + "/switchyard/backends").json()}
     return str(states[name])
+
+
+@contextlib.contextmanager
+def stalling_upstream(stall: float) -> Iterator[str]:
+    """A loopback engine whose streams send one event and then nothing for ``stall`` s."""
+    server = socket.create_server(("127.0.0.1", 0))
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            if b" /health " not in data.split(b"\r\n", 1)[0] + b" ":
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(event), event)
+                )
+                time.sleep(stall)
+            else:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        thread.join(5)
+
+
+def test_a_stream_stalling_past_the_idle_timeout_counts_toward_ejection(tmp_path: Path) -> None:
+    with stalling_upstream(stall=3.0) as url, start_emulator("vllm", time_scale=50) as good:
+        doc = base_config([("stall", "vllm", url), ("good", "vllm", good.url)])
+        doc["backends"][0]["models"] = [MODEL]
+        doc["default_policy"] = "stall-only"
+        doc["health"] = {**doc["health"], "failures_to_eject": 1, "cooldown": 60,
+                         "scrape_metrics": False}  # fmt: skip
+        doc["timeouts"] = {"interactive": {"idle": 0.3}}
+        with (
+            start_router(write_config(tmp_path, doc)) as router,
+            openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as c,
+        ):
+            assert _breaker(router, "stall") == "closed"
+            with pytest.raises(openai.APIError):  # the router ends the stream with an error
+                for _ in c.chat.completions.create(
+                    model=MODEL, messages=CHAT, max_tokens=4, stream=True
+                ):
+                    pass
+            assert _breaker(router, "stall") == "open"
