@@ -23,11 +23,11 @@ import hmac
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 
 from common.sse import StreamMeter
 from policies.types import RequestInfo
@@ -217,9 +217,6 @@ def _resolve(spec: ApiKeySpec) -> bytes | None:
         return digest_of(key)
     value = os.environ.get(spec.env or "")
     return digest_of(value) if value else None
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def admin_only(gate: Callable[[], Gate], prefix: str = "/switchyard/") -> Middleware:

@@ -28,10 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
@@ -44,7 +44,6 @@ _MAX_MESSAGE = 200
 # Headers the router reads or rewrites: each may appear at most once.
 SINGLE = ("authorization", "content-type", "host", "x-request-class", "x-request-id",
           "x-session-id", "x-switchyard-policy")  # fmt: skip
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
@@ -63,17 +62,20 @@ async def single_headers(request: web.Request, handler: Handler) -> web.StreamRe
 async def read_body(request: web.Request, limit: int, limits: LimitSettings) -> bytes:
     """The whole request body: 413 past ``limit`` bytes, 408 when it takes longer than
     ``limits.body_seconds`` to arrive (a client trickling its body holds a handler)."""
-    too_large = RouterError(413, f"request body exceeds {limit} bytes", code="request_too_large")
     if request.content_length is not None and request.content_length > limit:
-        raise too_large
+        raise _too_large(limit)
     try:
         async with asyncio.timeout(limits.body_seconds):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
+        raise _too_large(limit) from None
     except TimeoutError:
         message = f"request body not received within {limits.body_seconds} s"
         raise RouterError(408, message, code="request_timeout") from None
+
+
+def _too_large(limit: int) -> RouterError:
+    return RouterError(413, f"request body exceeds {limit} bytes", code="request_too_large")
 
 
 def handler_options(limits: LimitSettings) -> dict[str, Any]:
