@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from tests.integration.test_router_failover import metric, wait_for
 from tests.procs import ROOT, Process
 from tests.router.harness import client_for, get, start_router, write_config
 
@@ -22,6 +23,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     doc = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     for b in doc["backends"]:
         b["emulator"]["time_scale"] = 20
+    doc["shadow"]["adaptive"]["sample"] = 1.0  # every batch request, so counts are exact
     doc["listen"]["port"] = 0
     with start_router(write_config(tmp_path_factory.mktemp("pools"), doc)) as proc:
         yield proc
@@ -71,3 +73,22 @@ def test_adaptive_session_affinity_within_the_pool(router: Process) -> None:
         assert len(got) == 1, got  # one session, one replica (the pool is idle: no bound)
         homes.update(got)
     assert homes <= {"vllm-a", "vllm-b"}
+
+
+def test_batch_is_mirrored_through_the_shadow_policy(router: Process) -> None:
+    def mirrored() -> float:
+        text = get(router.url + "/metrics").text
+        return sum(
+            metric(
+                text,
+                r'switchyard_shadow_requests_total\{backend="NAME",class="batch",code="200",'
+                r'policy="adaptive"\}'.replace("NAME", name),
+            )
+            for name in ("deepinfer-a", "deepinfer-b")  # class-split's batch pool
+        )
+
+    before = mirrored()
+    served_by(router, "adaptive", "batch", 3)
+    served_by(router, "adaptive", "interactive", 2)  # not mirrored: the shadow is batch-only
+    assert wait_for(lambda: mirrored() == before + 3)
+    assert 'switchyard_shadow_requests_total{backend="vllm' not in get(router.url + "/metrics").text
