@@ -31,6 +31,8 @@ class Route:
     request_class: str | None = None
     backend: str | None = None
     failovers: int = 0
+    tenant: str | None = None
+    """The client's API key as a keyed hash (router captures with API keys only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,8 @@ def record_to_dict(rec: CaptureRecord) -> dict[str, Any]:
             "backend": r.backend,
             "failovers": r.failovers,
         }
+        if r.tenant is not None:
+            doc["route"]["tenant"] = r.tenant
     if rec.resp is not None:
         s = rec.resp
         usage = {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens}
@@ -179,6 +183,7 @@ def record_from_dict(doc: Mapping[str, Any]) -> CaptureRecord:
             request_class=_opt(r, "class", str),
             backend=_opt(r, "backend", str),
             failovers=_opt(r, "failovers", int) or 0,
+            tenant=_opt(r, "tenant", str),
         )
     if (s := _section(doc, "resp")) is not None:
         usage = _section(s, "usage") or {}

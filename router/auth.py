@@ -76,11 +76,15 @@ class TokenBucket:
 class Tenant:
     """One configured key's live state: its buckets and its requests in flight."""
 
-    __slots__ = ("digest", "inflight", "requests", "spec", "tokens")
+    __slots__ = ("capture_id", "digest", "inflight", "requests", "spec", "tokens")
 
     def __init__(self, spec: ApiKeySpec, digest: bytes, clock: Clock) -> None:
         self.spec = spec
         self.digest = digest
+        # What a capture line names the tenant by: a hash keyed by the key's digest, so it is
+        # stable across restarts and replicas yet reveals neither the key, its digest nor its
+        # configured name.
+        self.capture_id = hmac.new(digest, b"switchyard-tenant", hashlib.sha256).hexdigest()[:16]
         self.inflight = 0
         rpm, tpm = spec.requests_per_minute, spec.tokens_per_minute
         self.requests = TokenBucket(rpm, clock) if rpm else None

@@ -68,6 +68,8 @@ class CaptureEntry:
     ttft_s: float | None
     tpot_s: float | None
     e2e_s: float | None
+    tenant: str | None = None
+    """The API key's capture id (a keyed hash; never the key or its name)."""
 
 
 def hash_text(text: str) -> str:
@@ -207,7 +209,7 @@ class CaptureWriter:
             t_offset_ms=(e.arrival - self._t0) * 1000.0,
             ts=iso_utc(e.arrival_wall),
             headers={k.lower(): v for k, v in e.headers.items() if k.lower() in self._allow},
-            route=Route(e.policy, e.request_class, e.backend, e.failovers),
+            route=Route(e.policy, e.request_class, e.backend, e.failovers, e.tenant),
             resp=Response(
                 status=e.status,
                 stream=e.stream,

@@ -57,6 +57,7 @@ async def handle(
     lease: Lease | None = None
     try:
         tenant = state.gate.identify(request.headers)
+        rec.tenant = tenant.capture_id if tenant is not None else None
         policy = _policy(request, state, tenant)
         rec.policy = extra["X-Switchyard-Policy"] = policy.name
         rec.body = await read_body(request, state.config.listen.max_body_bytes, state.config.limits)

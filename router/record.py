@@ -38,6 +38,8 @@ class Record:
     error: dict[str, object] | None = None
     prefilled: bool = False
     """The first content byte arrived (the backend's prompt is no longer waiting)."""
+    tenant: str | None = None
+    """The client key's capture id (a keyed hash), when the key is a configured one."""
 
     @property
     def request_class(self) -> str:
@@ -102,5 +104,6 @@ def bookkeeping(request: web.Request, state: RouterState, rec: Record) -> None:
                 ttft_s=ttft,
                 tpot_s=tpot,
                 e2e_s=e2e,
+                tenant=rec.tenant,
             )
         )

@@ -11,6 +11,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
+from common.capture import parse_line
 from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, request, start_router, write_config
 
@@ -152,10 +153,24 @@ def test_admin_endpoints_need_the_admin_key(router: Process) -> None:
 
 
 def test_keys_are_never_captured(router: Process, capture: Path) -> None:
-    chat(router, KEYS["admin"])
+    ids = ["tenant-a1", "tenant-a2", "tenant-p1"]
+    for rid, key in zip(ids, (KEYS["admin"], KEYS["admin"], KEYS["pin"]), strict=True):
+        with client(router, key, **{"X-Request-Id": rid}) as c:
+            c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4)
     deadline = time.monotonic() + 10
-    while not (capture.exists() and capture.stat().st_size > 0):
+    while True:
+        raw = capture.read_bytes().splitlines() if capture.exists() else []
+        lines = {rec.custom_id: rec for rec in map(parse_line, raw)}
+        if all(rid in lines for rid in ids):
+            break
         assert time.monotonic() < deadline
         time.sleep(0.05)
     text = capture.read_text()
     assert not any(key in text for key in KEYS.values())
+    assert "Bearer" not in text
+    # each line names its tenant by a keyed hash: stable per key, distinct across keys,
+    # neither the key, its digest nor its configured name
+    tenants = [lines[rid].route.tenant for rid in ids]  # type: ignore[union-attr]
+    assert tenants[0] is not None and tenants[0] == tenants[1] != tenants[2]
+    digest = hashlib.sha256(KEYS["admin"].encode()).hexdigest()
+    assert tenants[0] not in digest and tenants[0] not in ("ops", "pin")
