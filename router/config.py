@@ -19,11 +19,9 @@ from router.settings import (
     DEFAULT_CAPTURE_HEADERS,
     ENDPOINTS,
     REDACTIONS,
-    AdmissionSettings,
     ApiKeySpec,
     BackendSpec,
     CaptureSettings,
-    ClassAdmission,
     ClassificationSettings,
     ClassTimeouts,
     ConfigError,
@@ -35,9 +33,9 @@ from router.settings import (
     PolicySpec,
     RouterConfig,
     Rule,
-    ShadowSettings,
     ShutdownSettings,
 )
+from router.traffic_config import admission_settings, shadow_settings
 from router.validate import Reader
 
 __all__ = [
@@ -122,10 +120,10 @@ def parse_config(doc: object) -> RouterConfig:
         failover=_failover(r, top.get("failover")),
         health=_health(r, top.get("health")),
         capture=_capture(r, top.get("capture")),
-        admission=_admission(r, top.get("admission")),
+        admission=admission_settings(r, top.get("admission")),
         limits=_limits(r, top.get("limits")),
         shutdown=_shutdown(r, top.get("shutdown")),
-        shadow=_shadow(r, top.get("shadow"), names, {p.name for p in policies}),
+        shadow=shadow_settings(r, top.get("shadow"), names, {p.name for p in policies}),
     )
     if r.errors:
         raise ConfigError(r.errors)
@@ -374,58 +372,6 @@ def _capture(r: Reader, v: object) -> CaptureSettings | None:
         headers=tuple(h.lower() for h in headers),
         queue_size=r.integer(m, "queue_size", p, default=10000, lo=1),
     )
-
-
-def _admission(r: Reader, v: object) -> AdmissionSettings:
-    p = "admission"
-    m = r.mapping(v, p, [*REQUEST_CLASSES, "retry_after"], optional=True)
-    d = ClassAdmission()
-    classes: dict[str, ClassAdmission] = {}
-    for cls in REQUEST_CLASSES:
-        if cls not in m:
-            continue
-        cp = f"{p}.{cls}"
-        c = r.mapping(m[cls], cp, ["queue_size", "max_wait"])
-        classes[cls] = ClassAdmission(
-            queue_size=r.integer(c, "queue_size", cp, default=d.queue_size, lo=0),
-            max_wait=r.number(c, "max_wait", cp, default=d.max_wait, lo=0.0),
-        )
-    return AdmissionSettings(
-        classes=classes, retry_after=r.number(m, "retry_after", p, default=1.0, lo=0.0)
-    )
-
-
-def _shadow(
-    r: Reader, v: object, backends: set[str], policies: set[str]
-) -> dict[str, ShadowSettings]:
-    m = r.mapping(v, "shadow", None, optional=True)
-    out = {}
-    d = ShadowSettings()
-    for served, entry in m.items():
-        p = f"shadow.{served}"
-        if served not in policies:
-            r.add(p, f"unknown policy '{served}' (known: {', '.join(sorted(policies))})")
-        e = r.mapping(entry, p, list(_SHADOW_KEYS))
-        backend = r.string(e, "backend", p, default=None)
-        policy = r.string(e, "policy", p, default=None)
-        if (backend is None) == (policy is None):
-            r.add(p, "give exactly one of backend (a name) or policy (a policy name)")
-        elif backend is not None and backend not in backends:
-            r.add(f"{p}.backend", f"unknown backend '{backend}'")
-        elif policy is not None and policy not in policies:
-            r.add(f"{p}.policy", f"unknown policy '{policy}'")
-        out[served] = ShadowSettings(
-            backend=backend,
-            policy=policy,
-            sample=r.number(e, "sample", p, default=d.sample, lo=0.0, hi=1.0),
-            request_class=r.choice(e, "class", p, REQUEST_CLASSES, default=None),
-            max_concurrency=r.integer(e, "max_concurrency", p, default=d.max_concurrency, lo=1),
-            timeout=r.number(e, "timeout", p, default=d.timeout, lo=0.01),
-        )
-    return out
-
-
-_SHADOW_KEYS = ("backend", "policy", "sample", "class", "max_concurrency", "timeout")
 
 
 def _limits(r: Reader, v: object) -> LimitSettings:

@@ -7,7 +7,9 @@ import asyncio
 import pytest
 
 from router.admission import Admission, QueueRejected, Saturated
+from router.config import ConfigError, parse_config
 from router.settings import AdmissionSettings, ClassAdmission
+from tests.router.harness import base_config
 
 
 class Slots:
@@ -108,3 +110,21 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert adm.waiting("interactive") == 0
+
+
+def test_admission_config_values_and_errors() -> None:
+    doc = base_config([("a", "vllm", "http://127.0.0.1:9")])
+    doc["admission"] = {"batch": {"queue_size": 8, "max_wait": 2.5}, "retry_after": 3}
+    got = parse_config(doc).admission
+    assert got.for_class("batch") == ClassAdmission(8, 2.5)
+    assert got.for_class("interactive") == ClassAdmission()  # absent: 429 at once
+    assert got.retry_after == 3
+    doc["admission"] = {"batch": {"queue_size": -1, "wait": 1}, "bulk": {}, "retry_after": -2}
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc)
+    assert {p for p, _ in info.value.errors} == {
+        "admission.batch.queue_size",
+        "admission.batch.wait",
+        "admission.bulk",
+        "admission.retry_after",
+    }
