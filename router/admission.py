@@ -88,6 +88,10 @@ class Admission:
                         await waiter
                 except TimeoutError:
                     pass
+                except asyncio.CancelledError:
+                    if waiter.done() and not waiter.cancelled():
+                        self.release()  # woken, then the client left: pass the turn on
+                    raise
                 finally:
                     if not waiter.done():
                         waiter.cancel()

@@ -74,6 +74,19 @@ async def test_woken_without_a_slot_keeps_its_turn() -> None:
     second.cancel()
 
 
+async def test_a_wake_up_is_passed_on_when_the_woken_request_left() -> None:
+    slots, adm = Slots(), Admission(settings())
+    first = asyncio.create_task(adm.admit("batch", lambda: slots.plan("first")))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(adm.admit("batch", lambda: slots.plan("second")))
+    await asyncio.sleep(0)
+    slots.free = 1
+    adm.release()  # wakes the first ...
+    first.cancel()  # ... whose client goes away before it runs
+    assert await asyncio.wait_for(second, 2) == "second"
+    assert first.cancelled()
+
+
 async def test_full_queue_rejects_with_retry_after() -> None:
     slots, adm = Slots(), Admission(settings(queue=1))
     waiter = asyncio.create_task(adm.admit("batch", lambda: slots.plan("w")))
