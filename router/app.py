@@ -68,7 +68,11 @@ def build_app(
         pool=pool,
         policies=policies,
         metrics=metrics,
-        gate=Gate(config.api_keys, required=config.require_api_key),
+        gate=Gate(
+            config.api_keys,
+            required=config.require_api_key,
+            protect_metrics=config.metrics_require_admin,
+        ),
         admission=Admission(config.admission),
         shadows=Shadows(config.shadow, pool, policies, metrics),
         slo=slo_table(policies, config.default_policy),

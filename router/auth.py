@@ -135,10 +135,16 @@ class Gate:
     """Authentication and per-key limits for one router configuration."""
 
     def __init__(
-        self, specs: Sequence[ApiKeySpec], *, required: bool, clock: Clock = time.monotonic
+        self,
+        specs: Sequence[ApiKeySpec],
+        *,
+        required: bool,
+        protect_metrics: bool = False,
+        clock: Clock = time.monotonic,
     ) -> None:
         """Resolve every key to its digest; raises ConfigError naming each unusable key."""
         self.required = required
+        self._protect_metrics = protect_metrics
         self._tenants: list[Tenant] = []
         errors: list[tuple[str, str]] = []
         for i, spec in enumerate(specs):
@@ -169,6 +175,10 @@ class Gate:
         if found is None and self.required:
             raise RouterError(401, "invalid or missing API key", code="invalid_api_key")
         return found
+
+    def needs_admin(self, path: str) -> bool:
+        """Whether ``path`` is an admin endpoint under this configuration."""
+        return path.startswith("/switchyard/") or (self._protect_metrics and path == "/metrics")
 
     def check_admin(self, headers: Mapping[str, str]) -> None:
         """401/403 unless keys are off or the caller holds an admin key."""
@@ -223,15 +233,16 @@ def _resolve(spec: ApiKeySpec) -> bytes | None:
     return digest_of(value) if value else None
 
 
-def admin_only(gate: Callable[[], Gate], prefix: str = "/switchyard/") -> Middleware:
-    """Middleware: paths under ``prefix`` need an admin key when keys are required.
+def admin_only(gate: Callable[[], Gate]) -> Middleware:
+    """Middleware: admin endpoints (:meth:`Gate.needs_admin`) need an admin key when keys are
+    required.
 
     ``gate`` is called per request because a reload swaps the gate.
     """
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(prefix):
+        if gate().needs_admin(request.path):
             try:
                 gate().check_admin(request.headers)
             except RouterError as exc:

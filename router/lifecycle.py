@@ -100,7 +100,11 @@ class Reloader:
         specs = _backends(old.backends, new.backends, errors)
         gate: Gate | None = None
         try:
-            gate = Gate(new.api_keys, required=new.require_api_key)
+            gate = Gate(
+                new.api_keys,
+                required=new.require_api_key,
+                protect_metrics=new.metrics_require_admin,
+            )
         except ConfigError as exc:
             errors.extend(exc.errors)
         policies: dict[str, Policy] = {}

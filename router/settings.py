@@ -214,6 +214,8 @@ class RouterConfig:
     """Client model name -> backend name -> that backend's model name."""
     api_keys: tuple[ApiKeySpec, ...] = ()
     require_api_key: bool = False
+    metrics_require_admin: bool = False
+    """With ``require_api_key``, ``/metrics`` also needs an admin key."""
     classification: ClassificationSettings = ClassificationSettings()
     timeouts: Mapping[str, ClassTimeouts] = field(default_factory=dict)
     failover: FailoverSettings = FailoverSettings()

@@ -150,6 +150,7 @@ def test_admin_endpoints_need_the_admin_key(router: Process) -> None:
     reply = request("GET", url, headers={"Authorization": f"Bearer {KEYS['admin']}"})
     assert reply.status == 200 and reply.json()[0]["name"] == "vllm"
     assert request("GET", router.url + "/health").status == 200
+    assert request("GET", router.url + "/metrics").status == 200  # metrics_require_admin is off
 
 
 def test_keys_are_never_captured(router: Process, capture: Path) -> None:

@@ -95,6 +95,23 @@ def test_admin_key() -> None:
     assert exc.value.status == 401
 
 
+@pytest.mark.parametrize(
+    ("protect_metrics", "path", "admin"),
+    [
+        (False, "/switchyard/backends", True),
+        (False, "/switchyard/reload", True),
+        (False, "/metrics", False),
+        (True, "/metrics", True),
+        (True, "/health", False),
+        (True, "/ready", False),
+        (True, "/v1/chat/completions", False),
+    ],
+)
+def test_which_paths_need_the_admin_key(protect_metrics: bool, path: str, admin: bool) -> None:
+    gate = Gate([], required=True, protect_metrics=protect_metrics)
+    assert gate.needs_admin(path) is admin
+
+
 def test_model_list_is_403() -> None:
     gate = Gate([ApiKeySpec("u", sha256=sha("u"), models=("m",))], required=True)
     tenant = gate.identify(bearer("u"))
