@@ -74,7 +74,7 @@ def build_app(
             protect_metrics=config.metrics_require_admin,
         ),
         admission=Admission(config.admission),
-        shadows=Shadows(config.shadow, pool, policies, metrics),
+        shadows=Shadows(config.shadow, pool, metrics),
         slo=slo_table(policies, config.default_policy),
     )
     for b in pool.backends:

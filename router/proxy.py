@@ -76,7 +76,7 @@ async def handle(
         targets = await state.admission.admit(
             info.request_class, lambda: _plan(state, policy, parsed, rec.body, endpoint)
         )
-        state.shadows.mirror(policy.name, parsed, rec.body, PATHS, state.client)
+        state.shadows.mirror(policy.name, parsed, rec.body, PATHS, state.client, state.policies)
         opened = await open_upstream(
             state.client,
             targets,

@@ -41,13 +41,11 @@ class Shadows:
         self,
         settings: Mapping[str, ShadowSettings],
         pool: Pool,
-        policies: Mapping[str, Policy],
         metrics: Metrics,
         rng: random.Random | None = None,
     ) -> None:
         self._settings = settings
         self._pool = pool
-        self._policies = policies
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
         self._open: dict[str, int] = dict.fromkeys(settings, 0)
@@ -60,8 +58,12 @@ class Shadows:
         raw: bytes,
         paths: Mapping[Endpoint, str],
         session: aiohttp.ClientSession,
+        policies: Mapping[str, Policy],
     ) -> None:
-        """Maybe mirror this request of ``policy`` (synchronous: it only starts a task)."""
+        """Maybe mirror this request of ``policy`` (synchronous: it only starts a task).
+
+        ``policies`` are the live ones (a config reload replaces them).
+        """
         s = self._settings.get(policy)
         if s is None:
             return
@@ -74,7 +76,8 @@ class Shadows:
             self._metrics.shadow_dropped(policy)
             return
         shadow_info = replace(info, request_id=f"{info.request_id}-shadow")
-        backend = self._target(s, shadow_info)
+        shadow_policy = policies.get(s.policy) if s.policy is not None else None
+        backend = self._target(s, shadow_info, shadow_policy)
         model = None if backend is None else self._pool.upstream_model(backend, info.model)
         if backend is None or model is None:
             self._metrics.shadow_dropped(policy)
@@ -83,19 +86,22 @@ class Shadows:
         body = upstream_body(raw, parsed.doc, model=model, priority=None, add_usage=add_usage)
         url = backend.spec.url + paths[info.endpoint]
         self._open[policy] += 1
-        task = asyncio.create_task(self._send(policy, s, shadow_info, backend, url, body, session))
+        task = asyncio.create_task(
+            self._send(policy, shadow_policy, shadow_info, backend, url, body, session, s.timeout)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _target(self, s: ShadowSettings, info: RequestInfo) -> BackendState | None:
-        if s.backend is not None:
-            return self._pool.by_name[s.backend]
-        assert s.policy is not None  # config validation: exactly one of backend / policy
+    def _target(
+        self, s: ShadowSettings, info: RequestInfo, shadow_policy: Policy | None
+    ) -> BackendState | None:
+        if shadow_policy is None:  # a backend (config: exactly one of backend / policy)
+            return self._pool.by_name[s.backend] if s.backend is not None else None
         candidates = self._pool.candidates(info.model)
         if not candidates:
             return None
         try:
-            ranked = self._policies[s.policy].choose(info, candidates).ranked
+            ranked = shadow_policy.choose(info, candidates).ranked
         except Exception:  # a shadow policy's bug must never touch served traffic
             log.exception("shadow policy %s failed to choose", s.policy)
             return None
@@ -104,12 +110,13 @@ class Shadows:
     async def _send(
         self,
         policy: str,
-        s: ShadowSettings,
+        shadow_policy: Policy | None,
         info: RequestInfo,
         backend: BackendState,
         url: str,
         body: bytes,
         session: aiohttp.ClientSession,
+        timeout_s: float,
     ) -> None:
         start = time.monotonic()
         meter = StreamMeter(start)
@@ -118,7 +125,7 @@ class Shadows:
         if backend.api_key:
             headers["Authorization"] = f"Bearer {backend.api_key}"
         try:
-            timeout = aiohttp.ClientTimeout(total=s.timeout)
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
             async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
                 status = resp.status
                 if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -136,7 +143,7 @@ class Shadows:
         self._metrics.shadow_done(
             policy, backend.name, info.request_class, status, ttft=fig.ttft, e2e=end - start
         )
-        if s.policy is not None:
+        if shadow_policy is not None:
             outcome = Outcome(
                 status,
                 ok,
@@ -147,7 +154,7 @@ class Shadows:
                 fig.tpot,
             )
             with contextlib.suppress(Exception):
-                self._policies[s.policy].on_finish(info, backend.name, outcome)
+                shadow_policy.on_finish(info, backend.name, outcome)
 
     async def aclose(self) -> None:
         """Cancel the shadow requests still open (at app shutdown)."""
