@@ -186,13 +186,16 @@ def test_memory_stays_flat_and_router_lives(router: Process) -> None:
     port = _port(router)
     for data in CORPUS.values():  # warm up: allocator pools, code paths
         exchange(port, data)
-    before = _rss_kb(router.proc.pid)
-    for _ in range(3):
+    rss = []
+    for _ in range(8):
         for data in CORPUS.values():
             status, _, _ = exchange(port, data)
             assert 400 <= status < 500
-    after = _rss_kb(router.proc.pid)
-    assert after - before < 16 * 1024, (before, after)
+        rss.append(_rss_kb(router.proc.pid))
+    # Flat, not constant: the allocator keeps or returns a 10 MB body's memory as it likes,
+    # so RSS swings by about that much between passes (seen: 45 to 63 MB and back). A leak
+    # of one 10 MB body per pass would add 60 MB by the last passes; a swing stays under 24.
+    assert max(rss[-2:]) - min(rss[:2]) < 24 * 1024, rss
     assert router.proc.poll() is None
     status, _, _ = exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     assert status == 200
