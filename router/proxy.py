@@ -202,7 +202,9 @@ async def _relay(
         return web.Response(status=upstream.status, body=body, headers=headers)
     out = web.StreamResponse(status=upstream.status, headers=headers)
     await out.prepare(request)
-    meter = rec.meter = StreamMeter(rec.arrival, strip_usage=strip_usage)
+    # TPOT comes from the usage figures, so the meter stops looking for content after the
+    # first token (see common/sse.py).
+    meter = rec.meter = StreamMeter(rec.arrival, strip_usage=strip_usage, track_gaps=False)
     content = upstream.content
     broken: str | None = None
     watch = IdleWatch(upstream, idle) if idle else None
@@ -225,6 +227,9 @@ async def _relay(
             if chunk:
                 await out.write(chunk)
         rec.end = time.monotonic()
+        tail = meter.flush()  # an unterminated last event held back while stripping usage
+        if tail:
+            await out.write(tail)
         if watch is not None and watch.fired:
             broken = f"upstream sent nothing for {idle} s"
             opened.target.backend.request_failed()  # a stalled engine counts toward ejection
