@@ -27,6 +27,7 @@ import orjson
 from common.sse import StreamMeter
 from emulator.calibration import MIN_P95_TTFT_RATIO, SHAPE, compare, p95_ttft_ratio, table
 from emulator.simulate import figures
+from router.children import stop_all
 
 
 @contextlib.contextmanager
@@ -42,12 +43,7 @@ def emulator(profile: str, time_scale: float) -> Iterator[str]:
             raise RuntimeError(f"emulator {profile} did not start: {line!r}")
         yield line.removeprefix("emulator listening on ")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all([proc], 10)
 
 
 def _body(i: int) -> bytes:

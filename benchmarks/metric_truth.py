@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from router.children import spawn_ready
+from router.children import spawn_ready, stop_all
 
 MODEL = "deepseek-v4.1-flash"
 _TOKENIZER_SCRIPT = r"""
@@ -74,14 +74,7 @@ def emulator(profile: str, time_scale: float, seed: int) -> Iterator[str]:
     try:
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        stop_all([proc], 10)
 
 
 def build_tokenizer(aiperf: Path, out: Path) -> None:

@@ -40,7 +40,7 @@ import yaml
 
 from common.sse import StreamMeter
 from policies.types import Outcome, Slo
-from router.children import spawn_ready
+from router.children import spawn_ready, stop_all
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "config" / "router.yaml"
@@ -227,14 +227,7 @@ def start_router(config: Mapping[str, Any], directory: Path) -> tuple[subprocess
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
+    stop_all([proc], 20)
 
 
 @dataclass(frozen=True)

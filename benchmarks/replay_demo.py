@@ -17,7 +17,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from router.children import spawn_ready
+from router.children import spawn_ready, stop_all
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "config" / "demo-capture.jsonl"
@@ -56,14 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nwrote {report} and {page} (open it in a browser)")
         return code
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        stop_all([proc], 30)
 
 
 if __name__ == "__main__":

@@ -74,19 +74,24 @@ class Children:
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every child, then SIGKILL whatever is still alive after ``grace``."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + grace
-        for p in self.procs:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            if p.stdout is not None:
-                p.stdout.close()
+        stop_all(self.procs, grace)
         self.procs = []
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    """SIGTERM every process, then SIGKILL whatever is still alive after ``grace`` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 def spawn_ready(
