@@ -2,7 +2,8 @@
 
 ``start_process`` spawns a command, waits (bounded) for the line that says it is ready and
 yields the URL it printed; on exit it terminates the process and kills it after a grace
-period. ``start_emulator`` wraps it for ``python -m emulator`` on a free port::
+period. ``start_emulator`` wraps it for ``python -m emulator`` on a free port; ``run_replay``
+runs the replay CLI to completion::
 
     with start_emulator("vllm", time_scale=50) as emu:
         client = openai.OpenAI(base_url=emu.url + "/v1", api_key="x")
@@ -111,3 +112,15 @@ def start_emulator(
             "--time-scale", str(time_scale), "--seed", str(seed), *args]  # fmt: skip
     with start_process(argv, "emulator listening on", timeout) as proc:
         yield proc
+
+
+def run_replay(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``python -m replay ARGS`` from the repository root, output captured, bounded in time."""
+    return subprocess.run(
+        [sys.executable, "-m", "replay", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +14,7 @@ import orjson
 import pytest
 
 from common.capture import CaptureRecord, dump_line, parse_line
-from tests.procs import ROOT, start_emulator
+from tests.procs import run_replay, start_emulator
 from tests.router.harness import base_config, client_for, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -101,14 +99,7 @@ def test_capture_then_replay_under_two_policies(
     with start_router(_router_config(tmp_path, emulators, tmp_path / "c2.jsonl")) as router:
         args = ["--target", router.url, "--policy", "round-robin", "--policy", "class-split"]
         args += ["--speed", "4", "--out", str(out), "--results", str(results)]
-        p = subprocess.run(
-            [sys.executable, "-m", "replay", str(capture), *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        p = run_replay(str(capture), *args)
     assert p.returncode == 0, p.stderr
     report = orjson.loads(out.read_bytes())
     assert [r["policy"] for r in report["runs"]] == ["round-robin", "class-split"]
@@ -186,14 +177,7 @@ def test_replay_sends_the_api_key_it_is_given(
             out = tmp_path / f"r-{key}.json"
             extra = ["--api-key", key] if key else []
             args = [str(cap), "--target", router.url, *extra, "--out", str(out)]
-            p = subprocess.run(
-                [sys.executable, "-m", "replay", *args],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            p = run_replay(*args, timeout=60)
             assert p.returncode == 0, p.stderr
             reports[key] = orjson.loads(out.read_bytes())["runs"][0]
     assert reports[None]["overall"]["failed"] == 4  # 401 without a key

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +9,7 @@ import orjson
 import pytest
 
 from common.capture import CaptureRecord, dump_line, parse_line
-from tests.procs import ROOT, Process, start_emulator
+from tests.procs import ROOT, Process, run_replay, start_emulator
 
 TRACES = ROOT.parent / "shared" / "traces"  # shared/ sits beside the checkout
 AZURE = TRACES / "azure-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -29,23 +27,12 @@ def emus() -> Iterator[tuple[Process, Process]]:
         yield a, b
 
 
-def replay(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 def test_azure_rows_replay_at_their_recorded_lengths(
     emus: tuple[Process, Process], tmp_path: Path
 ) -> None:
     out, results = tmp_path / "report.json", tmp_path / "results.jsonl"
     args = [str(AZURE), "--target", emus[0].url, "--max-requests", "25", "--speed", "20"]
-    p = replay(*args, "--out", str(out), "--results", str(results))
+    p = run_replay(*args, "--out", str(out), "--results", str(results))
     assert p.returncode == 0, p.stderr
     assert "Successful requests" in p.stdout and "25 / 25" in p.stdout
     assert "\r" not in p.stdout  # no progress line when stdout is not a terminal
@@ -70,10 +57,10 @@ def test_azure_rows_replay_at_their_recorded_lengths(
 
 
 def test_batch_file_closed_loop(emus: tuple[Process, Process], tmp_path: Path) -> None:
-    refused = replay(str(BATCH), "--target", emus[0].url)
+    refused = run_replay(str(BATCH), "--target", emus[0].url)
     assert refused.returncode == 2 and "--concurrency" in refused.stderr
     out = tmp_path / "r.json"
-    p = replay(str(BATCH), "--target", emus[0].url, "--concurrency", "4", "--out", str(out))
+    p = run_replay(str(BATCH), "--target", emus[0].url, "--concurrency", "4", "--out", str(out))
     assert p.returncode == 0, p.stderr
     report = orjson.loads(out.read_bytes())
     assert report["mode"] == "closed" and report["format"] == "openai-batch"
@@ -96,7 +83,7 @@ def test_shadow_target_compares_answers(emus: tuple[Process, Process], tmp_path:
             f.write(dump_line(CaptureRecord(f"q{i}", "/v1/chat/completions", body, t_offset_ms=i)))
     out = tmp_path / "r.json"
     args = ["--target", emus[0].url, "--shadow-target", emus[1].url, "--out", str(out)]
-    p = replay(str(cap), *args)
+    p = run_replay(str(cap), *args)
     assert p.returncode == 0, p.stderr
     assert "(shadow)" in p.stdout and "Shadow agreement" in p.stdout
     shadow = orjson.loads(out.read_bytes())["runs"][0]["shadow"]
@@ -110,13 +97,13 @@ def test_shadow_target_compares_answers(emus: tuple[Process, Process], tmp_path:
 
 
 def test_dry_run_and_bad_input(tmp_path: Path) -> None:
-    p = replay(str(MOONCAKE), "--dry-run", "--speed", "10", "--max-gap", "0.5")
+    p = run_replay(str(MOONCAKE), "--dry-run", "--speed", "10", "--max-gap", "0.5")
     assert p.returncode == 0, p.stderr
     assert "requests    3993" in p.stdout and "mooncake" in p.stdout
     assert "largest gap 0.212" in p.stdout
-    missing = replay(str(tmp_path / "nope.jsonl"))
+    missing = run_replay(str(tmp_path / "nope.jsonl"))
     assert missing.returncode == 2 and "replay:" in missing.stderr
-    bad = replay(str(MOONCAKE), "--window", "5:1")
+    bad = run_replay(str(MOONCAKE), "--window", "5:1")
     assert bad.returncode == 2 and "START < END" in bad.stderr
 
 
@@ -133,7 +120,7 @@ def test_convert_writes_a_capture_with_shared_prefixes(tmp_path: Path) -> None:
     trace = tmp_path / "head.jsonl"  # the first rows: the whole trace converts to ~200 MB
     trace.write_bytes(b"\n".join(head) + b"\n")
     cap = tmp_path / "mooncake.jsonl"
-    p = replay("convert", str(trace), "-o", str(cap), "--model", MODEL)
+    p = run_replay("convert", str(trace), "-o", str(cap), "--model", MODEL)
     assert p.returncode == 0, p.stderr
     assert f"wrote {n} requests (mooncake)" in p.stdout
     lines = cap.read_bytes().splitlines()
@@ -165,7 +152,7 @@ def test_shards_split_the_trace_between_processes(
     for i in range(2):
         results = tmp_path / f"shard{i}.jsonl"
         args = ["--target", emus[0].url, "--speed", "50", "--shard", f"{i}/2"]
-        p = replay(str(burst), *args, "--results", str(results))
+        p = run_replay(str(burst), *args, "--results", str(results))
         assert p.returncode == 0, p.stderr
         seen.append({parse_line(line).custom_id for line in results.read_bytes().splitlines()})
     assert seen[0] and seen[1] and not seen[0] & seen[1]

@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.procs import ROOT, start_emulator
+from tests.procs import ROOT, run_replay, start_emulator
 
 AZURE = ROOT.parent / "shared" / "traces" / "azure-2023" / "AzureLLMInferenceTrace_conv.csv"
 CHROMIUM = shutil.which("chromium")
@@ -34,14 +33,7 @@ def test_report_page_renders_the_report_numbers(tmp_path: Path) -> None:
         args = ["--target", emu.url, "--max-requests", "20", "--speed", "20"]
         args += ["--policy", "round-robin", "--policy", "adaptive"]
         args += ["--out", str(out), "--html", str(page)]
-        p = subprocess.run(
-            [sys.executable, "-m", "replay", str(AZURE), *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        p = run_replay(str(AZURE), *args)
     assert p.returncode == 0, p.stderr
     source = page.read_text()
     # self-contained: nothing to fetch

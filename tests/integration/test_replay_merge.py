@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +9,7 @@ import orjson
 import pytest
 
 from common.capture import parse_line
-from tests.procs import ROOT, Process, start_emulator
+from tests.procs import ROOT, Process, run_replay, start_emulator
 
 BATCH = ROOT.parent / "shared" / "traces" / "formats" / "openai-batch-synthetic.jsonl"
 DEMO = ROOT / "config" / "demo-capture.jsonl"
@@ -23,17 +21,6 @@ def emu() -> Iterator[Process]:
         yield e
 
 
-def replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_shards_merge_into_the_whole(emu: Process, tmp_path: Path) -> None:
     # a slice of the bundled mixed capture: streamed and non-streamed requests
     capture = tmp_path / "capture.jsonl"
@@ -41,7 +28,7 @@ def test_shards_merge_into_the_whole(emu: Process, tmp_path: Path) -> None:
     pieces = []
     for i in range(3):
         results = tmp_path / "shards" / f"results-{i}.jsonl"  # folder created by replay
-        p = replay(str(capture), "--target", emu.url, "--concurrency", "4", "--shard", f"{i}/3",
+        p = run_replay(str(capture), "--target", emu.url, "--concurrency", "4", "--shard", f"{i}/3",
                    "--results", str(results))  # fmt: skip
         assert p.returncode == 0, p.stderr
         pieces.append(results)
@@ -50,7 +37,7 @@ def test_shards_merge_into_the_whole(emu: Process, tmp_path: Path) -> None:
     assert sorted(ids) == sorted(whole)  # every request in exactly one shard
 
     out = tmp_path / "new-folder" / "merged.json"  # output folders are created
-    p = replay("merge", *map(str, pieces), "--out", str(out))
+    p = run_replay("merge", *map(str, pieces), "--out", str(out))
     assert p.returncode == 0, p.stderr
     assert "Successful requests" in p.stdout
     report = orjson.loads(out.read_bytes())
@@ -67,6 +54,6 @@ def test_shards_merge_into_the_whole(emu: Process, tmp_path: Path) -> None:
 
 
 def test_merge_rejects_a_file_that_is_not_results(tmp_path: Path) -> None:
-    p = replay("merge", str(BATCH))
+    p = run_replay("merge", str(BATCH))
     assert p.returncode == 2
     assert "not a replay result" in p.stderr
