@@ -21,6 +21,7 @@ from router.auth import Gate, admin_only
 from router.backends import BackendState, Pool
 from router.capture import CaptureWriter
 from router.config import ConfigError, RouterConfig
+from router.connection import ConnectionPool
 from router.errors import RouterError, error_response
 from router.health import HealthMonitor
 from router.lifecycle import Reloader
@@ -177,6 +178,7 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0)
     # auto_decompress=False: the client gets the engine's bytes exactly as sent.
     state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    state.upstreams = ConnectionPool()
     writer = None
     if state.config.capture is not None:
         writer = CaptureWriter(state.config.capture, on_drop=state.metrics.capture_dropped)
@@ -194,6 +196,8 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
             await writer.aclose()
         await state.session.close()
         state.session = None
+        state.upstreams.close()
+        state.upstreams = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +212,8 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
     """Start ``app`` on an already bound listening socket.
 
     ``handler_cancellation``: a client disconnect cancels the handler, which closes the
-    upstream request at once and frees the engine's slot. aiohttp sets TCP_NODELAY on
-    every accepted and upstream socket (its base protocol does so on connection_made).
+    upstream request at once and frees the engine's slot. TCP_NODELAY is set on every
+    accepted socket (aiohttp's base protocol) and upstream socket (router.connection).
     """
     config = app[STATE].config
     options = {"access_log": None, **handler_options(config.limits)}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -100,7 +101,7 @@ class _Open:
 class GuardedHandler(RequestHandler):
     """aiohttp's connection handler with JSON errors and a stalled-reader timeout."""
 
-    __slots__ = ("_open", "_stall", "_write_timeout")
+    __slots__ = ("_open", "_stall", "_write_timeout", "on_writable")
 
     def __init__(
         self, manager: Server, *, opened: _Open, write_timeout: float, **kwargs: Any
@@ -109,6 +110,9 @@ class GuardedHandler(RequestHandler):
         self._open = opened
         self._write_timeout = write_timeout
         self._stall: asyncio.TimerHandle | None = None
+        self.on_writable: Callable[[bool], None] | None = None
+        """Told when the client's socket buffer fills (False) and drains (True): a stream
+        relayed outside aiohttp's writer (router.relay) pauses its upstream meanwhile."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._open.count += 1
@@ -124,12 +128,16 @@ class GuardedHandler(RequestHandler):
     def pause_writing(self) -> None:
         super().pause_writing()
         self._stall = self._loop.call_later(self._write_timeout, self._disconnect)
+        if self.on_writable is not None:
+            self.on_writable(False)
 
     def resume_writing(self) -> None:
         if self._stall is not None:
             self._stall.cancel()
             self._stall = None
         super().resume_writing()
+        if self.on_writable is not None:
+            self.on_writable(True)
 
     def _disconnect(self) -> None:
         self._stall = None

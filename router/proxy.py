@@ -1,9 +1,8 @@
 """The request handler: classify -> choose -> connect with failover -> stream -> record.
 
-Per streamed chunk the hot path is: read what arrived, let the meter scan it, write the same
-bytes object to the client. Nothing is logged or re-encoded per chunk. Bookkeeping (metrics,
-policy feedback, capture) runs synchronously in ``finally`` so a client disconnect, which
-cancels the handler, cannot skip it.
+The answer itself is passed on by router.relay (the per-chunk hot path). Bookkeeping
+(metrics, policy feedback, capture) runs synchronously in ``finally`` so a client disconnect,
+which cancels the handler, cannot skip it.
 """
 
 from __future__ import annotations
@@ -13,28 +12,20 @@ import logging
 import time
 import uuid
 
-import aiohttp
 from aiohttp import web
 
-from common.sse import StreamMeter
 from policies.base import Policy
 from policies.types import Endpoint
 from router.admission import Saturated
 from router.auth import Lease, Tenant
 from router.body import upstream_body
 from router.classify import Parsed, classify, parse_body
-from router.errors import RouterError, error_response, sse_error_event
+from router.errors import RouterError, error_response
 from router.limits import read_body
 from router.record import Record, bookkeeping
+from router.relay import CLIENT_CLOSED, relay
 from router.state import RouterState
-from router.upstream import (
-    IdleWatch,
-    Opened,
-    Target,
-    UpstreamFailed,
-    downstream_headers,
-    open_upstream,
-)
+from router.upstream import Opened, Target, UpstreamFailed, open_upstream
 
 PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",
@@ -42,7 +33,6 @@ PATHS: dict[Endpoint, str] = {
     "embeddings": "/v1/embeddings",
 }
 log = logging.getLogger("router")
-CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
 
 
 async def handle(
@@ -78,7 +68,7 @@ async def handle(
         )
         state.shadows.mirror(policy.name, parsed, rec.body, PATHS, state.client, state.policies)
         opened = await open_upstream(
-            state.client,
+            state.connections,
             targets,
             req=info,
             headers=request.headers,
@@ -90,7 +80,17 @@ async def handle(
         rec.failovers = opened.failovers
         strip = _router_asks_usage(parsed)
         idle = state.config.timeouts_for(info.request_class).idle
-        return await _relay(request, state, opened, extra, rec, strip, idle)
+        return await relay(
+            request,
+            opened,
+            extra,
+            rec,
+            strip_usage=strip,
+            idle=idle,
+            on_abort=lambda: state.metrics.stream_aborted(
+                rec.policy, extra["X-Switchyard-Backend"], rec.request_class
+            ),
+        )
     except RouterError as exc:
         rec.status = exc.status
         rec.error = {"message": exc.message, "code": exc.code}
@@ -115,7 +115,9 @@ async def handle(
         return error_response(RouterError(500, "internal router error", code="internal"), extra)
     finally:
         if opened is not None and rec.info is not None:
-            opened.response.close()  # frees the engine slot at once if still streaming
+            # Kept for reuse only if read to the end; else closed, which frees the engine's
+            # slot at once (a client that went away mid-stream).
+            state.connections.release(opened.conn)
             opened.target.backend.finish(rec.info, prefilled=rec.prefilled)
         state.admission.release()  # a slot may have freed up (here or in a failed attempt)
         if lease is not None:
@@ -179,75 +181,6 @@ def _plan(
             raise Saturated()
         raise RouterError(503, f"policy '{policy.name}' found no backend", code="no_backend")
     return targets
-
-
-async def _relay(
-    request: web.Request,
-    state: RouterState,
-    opened: Opened,
-    extra: dict[str, str],
-    rec: Record,
-    strip_usage: bool,
-    idle: float | None,
-) -> web.StreamResponse:
-    """Pass the upstream's answer through: whole if JSON, chunk by chunk if SSE."""
-    upstream = opened.response
-    headers = downstream_headers(upstream.headers, extra)
-    rec.status = upstream.status
-    if not upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-        body = await upstream.read()
-        rec.end = time.monotonic()
-        rec.meter = StreamMeter(rec.arrival)
-        rec.meter.feed_body(body, rec.end)
-        return web.Response(status=upstream.status, body=body, headers=headers)
-    out = web.StreamResponse(status=upstream.status, headers=headers)
-    await out.prepare(request)
-    # TPOT comes from the usage figures, so the meter stops looking for content after the
-    # first token (see common/sse.py).
-    meter = rec.meter = StreamMeter(rec.arrival, strip_usage=strip_usage, track_gaps=False)
-    content = upstream.content
-    broken: str | None = None
-    watch = IdleWatch(upstream, idle) if idle else None
-    try:
-        while True:
-            try:
-                data = await content.readany()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                broken = f"upstream stream broke: {exc.__class__.__name__}"
-                break
-            if not data:
-                break
-            now = time.monotonic()
-            if watch is not None:
-                watch.last = now
-            chunk = meter.feed(data, now)
-            if not rec.prefilled and meter.first_content is not None and rec.info is not None:
-                rec.prefilled = True
-                opened.target.backend.prefilled(rec.info)
-            if chunk:
-                await out.write(chunk)
-        rec.end = time.monotonic()
-        tail = meter.flush()  # an unterminated last event held back while stripping usage
-        if tail:
-            await out.write(tail)
-        if watch is not None and watch.fired:
-            broken = f"upstream sent nothing for {idle} s"
-            opened.target.backend.request_failed()  # a stalled engine counts toward ejection
-        if broken is not None or not meter.done:
-            # Bytes already reached the client, so no retry: end its stream with an error.
-            message = broken or "upstream stream ended before [DONE]"
-            rec.error = {"message": message, "code": "upstream_error"}
-            state.metrics.stream_aborted(
-                rec.policy, extra["X-Switchyard-Backend"], rec.request_class
-            )
-            await out.write(sse_error_event(message))
-        await out.write_eof()
-    except ConnectionResetError:
-        rec.status = CLIENT_CLOSED
-    finally:
-        if watch is not None:
-            watch.cancel()
-    return out
 
 
 def _failed(exc: UpstreamFailed, extra: dict[str, str], rec: Record) -> web.Response:

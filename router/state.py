@@ -12,6 +12,7 @@ from router.auth import Gate
 from router.backends import Pool
 from router.capture import CaptureWriter
 from router.config import RouterConfig
+from router.connection import ConnectionPool
 from router.metrics import Metrics
 from router.shadow import Shadows
 from router.slo import SloTable
@@ -21,7 +22,9 @@ from router.slo import SloTable
 class RouterState:
     """Everything a request handler needs; one per app, never module-level.
 
-    ``session`` and ``capture`` exist only between the app's startup and cleanup phases.
+    ``session``, ``upstreams`` and ``capture`` exist only between the app's startup and
+    cleanup phases. ``upstreams`` carries the proxied requests (router.connection);
+    ``session`` the router's own calls (health probes, scrapes, shadow mirrors).
     """
 
     config: RouterConfig
@@ -34,6 +37,7 @@ class RouterState:
     shadows: Shadows
     slo: SloTable = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
+    upstreams: ConnectionPool | None = None
     capture: CaptureWriter | None = None
 
     @property
@@ -41,3 +45,9 @@ class RouterState:
         if self.session is None:
             raise RuntimeError("the router app has not been started")
         return self.session
+
+    @property
+    def connections(self) -> ConnectionPool:
+        if self.upstreams is None:
+            raise RuntimeError("the router app has not been started")
+        return self.upstreams

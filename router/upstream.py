@@ -9,17 +9,23 @@ exponential backoff). Once :func:`open_upstream` has returned, the caller never 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import aiohttp
 from multidict import CIMultiDict
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from policies.types import RequestInfo
 from router.backends import BackendState
 from router.config import ClassTimeouts, FailoverSettings
+from router.connection import (
+    Connection,
+    ConnectionPool,
+    ResponseHead,
+    UpstreamError,
+    request_head,
+    split_url,
+)
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus what the router sets itself or must not pass on.
 _DROP_UPSTREAM = frozenset(
@@ -62,6 +68,7 @@ _DROP_DOWNSTREAM = frozenset(
     }
 )
 _MAX_ERROR_BODY = 64 * 1024
+_ERROR_BODY_SECONDS = 5.0  # an error answer whose body never ends must not hold failover up
 
 
 def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
@@ -122,10 +129,14 @@ class AttemptFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Opened:
-    """An upstream that answered with headers (any status below 500 other than 429)."""
+    """An upstream that answered with headers (any status below 500 other than 429).
+
+    The caller owns ``conn`` from here and must hand it back with ``ConnectionPool.release``.
+    """
 
     target: Target
-    response: aiohttp.ClientResponse
+    conn: Connection
+    head: ResponseHead
     failovers: int
 
 
@@ -138,43 +149,8 @@ class UpstreamFailed(Exception):
         self.failovers = failovers
 
 
-def client_timeout(t: ClassTimeouts) -> aiohttp.ClientTimeout:
-    # No sock_read: aiohttp would re-arm a timer on every chunk. Streams get an IdleWatch;
-    # a non-streamed answer arrives whole after the generation, so only `total` bounds it.
-    return aiohttp.ClientTimeout(total=t.total, sock_connect=t.connect)
-
-
-class IdleWatch:
-    """Closes a streaming response when nothing arrived for ``idle`` seconds.
-
-    The relay loop only stores the time of each chunk in :attr:`last`; the timer re-arms
-    itself lazily, so there is one timer per idle period rather than one per chunk.
-    """
-
-    __slots__ = ("_handle", "_idle", "_loop", "_response", "fired", "last")
-
-    def __init__(self, response: aiohttp.ClientResponse, idle: float) -> None:
-        self.last = time.monotonic()
-        self.fired = False
-        self._idle = idle
-        self._response = response
-        self._loop = asyncio.get_running_loop()
-        self._handle = self._loop.call_later(idle, self._check)
-
-    def _check(self) -> None:
-        left = self.last + self._idle - time.monotonic()
-        if left > 0:
-            self._handle = self._loop.call_later(left, self._check)
-            return
-        self.fired = True
-        self._response.close()
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-
 async def open_upstream(
-    session: aiohttp.ClientSession,
+    connections: ConnectionPool,
     targets: Sequence[Target],
     *,
     req: RequestInfo,
@@ -188,11 +164,9 @@ async def open_upstream(
     Each attempt counts in its backend's in-flight figures while it is open; the returned
     backend stays counted until the caller calls ``backend.finish(req)``.
     """
-    timeout = client_timeout(timeouts)
-    first_byte = timeouts.first_byte if req.stream else None
     try:  # the common case, without the retry machinery's per-request cost
-        response = await _attempt(session, targets[0], req, headers, timeout, first_byte)
-        return Opened(targets[0], response, 0)
+        conn, head = await _attempt(connections, targets[0], req, headers, timeouts)
+        return Opened(targets[0], conn, head, 0)
     except AttemptFailed as exc:
         attempts = min(failover.max_attempts, len(targets))
         if attempts < 2:
@@ -212,62 +186,66 @@ async def open_upstream(
                     on_failover(targets[index - 1].backend.name)
                 target = targets[index]
                 index += 1
-                response = await _attempt(session, target, req, headers, timeout, first_byte)
-                return Opened(target, response, index - 1)
+                conn, head = await _attempt(connections, target, req, headers, timeouts)
+                return Opened(target, conn, head, index - 1)
     except AttemptFailed as exc:
         raise UpstreamFailed(exc.failure, index - 1) from None
     raise AssertionError("unreachable: tenacity either returns or re-raises")
 
 
 async def _attempt(
-    session: aiohttp.ClientSession,
+    connections: ConnectionPool,
     target: Target,
     req: RequestInfo,
     client_headers: Mapping[str, str],
-    timeout: aiohttp.ClientTimeout,
-    first_byte: float | None,
-) -> aiohttp.ClientResponse:
+    timeouts: ClassTimeouts,
+) -> tuple[Connection, ResponseHead]:
     backend = target.backend
+    origin, path = split_url(target.url)
     headers = upstream_headers(client_headers, req.request_id, backend.api_key)
+    request = request_head(origin, path, headers, len(target.body))
+    first_byte = timeouts.first_byte if req.stream else None
     backend.start(req)
+    conn: Connection | None = None
     try:
         async with asyncio.timeout(first_byte):
-            response = await session.post(
-                target.url, data=target.body, headers=headers, timeout=timeout
-            )
-    except TimeoutError:
+            conn = await connections.acquire(origin, timeouts.connect)
+            conn.send(request, target.body, deadline=timeouts.total)
+            head = await conn.head()
+    except (TimeoutError, UpstreamError) as exc:
+        if conn is not None:
+            conn.abort()
         backend.finish(req)
         backend.request_failed()
-        raise AttemptFailed(
-            Failure(backend.name, f"backend {backend.name} timed out", timeout=True)
-        ) from None
-    except (aiohttp.ClientError, OSError) as exc:
-        backend.finish(req)
-        backend.request_failed()
-        timed_out = isinstance(exc, aiohttp.ServerTimeoutError)
-        message = f"backend {backend.name} unreachable: {exc.__class__.__name__}"
-        raise AttemptFailed(Failure(backend.name, message, timeout=timed_out)) from None
+        if isinstance(exc, TimeoutError):
+            failure = Failure(backend.name, f"backend {backend.name} timed out", timeout=True)
+        else:
+            failure = Failure(backend.name, f"backend {backend.name} unreachable: {exc}")
+        raise AttemptFailed(failure) from None
     except BaseException:
+        if conn is not None:
+            conn.abort()
         backend.finish(req)
         raise
-    if response.status >= 500 or response.status == 429:
+    if head.status >= 500 or head.status == 429:
         try:
-            body = await response.content.read(_MAX_ERROR_BODY)
-        except (aiohttp.ClientError, OSError, TimeoutError):
+            async with asyncio.timeout(_ERROR_BODY_SECONDS):
+                body = await conn.read(_MAX_ERROR_BODY)
+        except (UpstreamError, TimeoutError):
             body = b""
         finally:
-            response.close()
+            connections.release(conn)
             backend.finish(req)
-        if response.status >= 500:
+        if head.status >= 500:
             backend.request_failed()
         raise AttemptFailed(
             Failure(
                 backend.name,
-                f"backend {backend.name} answered {response.status}",
-                status=response.status,
+                f"backend {backend.name} answered {head.status}",
+                status=head.status,
                 body=body,
-                content_type=response.headers.get("Content-Type"),
+                content_type=head.headers.get("Content-Type"),
             )
         )
     backend.request_ok()
-    return response
+    return conn, head

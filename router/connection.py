@@ -1,0 +1,341 @@
+"""Keep-alive HTTP/1.1 connections to backends: the client for every proxied request.
+
+Why not aiohttp's client here: it hands each received piece of a body to the awaiting task
+through a future (a task wake-up per streamed chunk) and writes each request body from a task
+of its own. At 64 paced streams that kept the router's event loop half busy and added about a
+millisecond of queueing to every suspension on the way to a first token. Here the response
+parser (httptools, i.e. llhttp) runs inside ``data_received`` and hands body bytes to a
+synchronous sink in the same callback, and a request leaves in a single write. Health probes,
+metric scrapes, ``/v1/models`` and shadow mirrors are off the hot path and keep using aiohttp.
+
+One :class:`Connection` carries one exchange at a time. Its owner sends a request, awaits the
+response head, then either reads the whole body (:meth:`Connection.read`) or attaches a sink
+(:meth:`Connection.stream`) and awaits :meth:`Connection.finished`; finally it hands the
+connection back with :meth:`ConnectionPool.release`, which keeps it only if the response was
+read to its end and the backend allows keep-alive. Anything else closes it, which is also how
+an abandoned stream frees the engine's slot at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import httptools
+from multidict import CIMultiDict
+from yarl import URL
+
+Sink = Callable[[bytes], None]
+IDLE_SECONDS = 4.0
+"""How long an unused connection is kept: under uvicorn's (and so vLLM's) 5 s keep-alive, so
+the router does not write a request into a connection the engine is just closing."""
+
+
+class UpstreamError(Exception):
+    """The exchange failed: connection refused or lost, a malformed answer, or a timeout."""
+
+
+class UpstreamTimeout(UpstreamError, TimeoutError):
+    """The exchange outlived its deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a backend listens: scheme, host and port (one connection pool each)."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+@lru_cache(maxsize=1024)
+def split_url(url: str) -> tuple[Origin, str]:
+    """``http://host:port/prefix/v1/x?q`` -> (origin, ``/prefix/v1/x?q``); parsed once per URL."""
+    u = URL(url)
+    if u.scheme not in ("http", "https") or not u.host or u.port is None:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return Origin(u.scheme, u.host, u.port), u.raw_path_qs
+
+
+def request_head(origin: Origin, path: str, headers: dict[str, str], length: int) -> bytes:
+    """A POST request's head, refusing header text that would split it."""
+    lines = [f"POST {path} HTTP/1.1", f"Host: {origin.host_header}"]
+    lines.extend(f"{name}: {value}" for name, value in headers.items())
+    lines.append(f"Content-Length: {length}")
+    text = "\r\n".join(lines) + "\r\n\r\n"
+    # Exactly one CR and one LF per line: a stray one would smuggle a header or a request.
+    if text.count("\n") != len(lines) + 1 or text.count("\r") != len(lines) + 1:
+        raise ValueError("a header name or value contains CR or LF")
+    return text.encode("utf-8", "surrogateescape")
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """A response's status line and headers."""
+
+    status: int
+    headers: CIMultiDict[str]
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection to a backend; see the module docstring for the protocol."""
+
+    def __init__(self, origin: Origin) -> None:
+        self.origin = origin
+        self.idle_since = 0.0
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._parser: httptools.HttpResponseParser | None = None
+        self._headers: list[tuple[str, str]] = []
+        self._head: asyncio.Future[ResponseHead] | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._pending: list[bytes] = []
+        self._sink: Sink | None = None
+        self._complete = False
+        self._keep_alive = False
+        self._error: UpstreamError | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._body_to_eof = False
+
+    # -- the owner's side -------------------------------------------------------------------
+
+    @property
+    def reusable(self) -> bool:
+        """The last response was read to its end and the backend keeps the connection."""
+        return (
+            self._keep_alive
+            and self._error is None
+            and self._transport is not None
+            and not self._transport.is_closing()
+        )
+
+    def send(self, head: bytes, body: bytes, *, deadline: float | None = None) -> None:
+        """Start an exchange: one write of head and body. ``deadline`` bounds all of it (s)."""
+        assert self._transport is not None
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers = []
+        self._head = self._loop.create_future()
+        self._done = None
+        self._pending = []
+        self._sink = None
+        self._complete = False
+        self._keep_alive = False
+        self._body_to_eof = False
+        if deadline is not None:
+            self._deadline = self._loop.call_later(deadline, self._expire, deadline)
+        self._transport.writelines((head, body))
+
+    async def head(self) -> ResponseHead:
+        """The response's status and headers, once they have arrived."""
+        assert self._head is not None
+        return await self._head
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body (at most ``limit`` bytes; more closes the connection)."""
+        while not self._complete and (limit is None or sum(map(len, self._pending)) < limit):
+            if self._error is not None:
+                raise self._error
+            self._done = self._loop.create_future()
+            await self._done
+        if self._error is not None and not self._complete:
+            raise self._error
+        body = b"".join(self._pending)
+        self._pending = []
+        if limit is not None and len(body) > limit:
+            self.abort()
+            body = body[:limit]
+        return body
+
+    def stream(self, sink: Sink) -> None:
+        """From now on hand every received body piece to ``sink``, inside ``data_received``."""
+        self._sink = sink
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending = []
+            sink(data)
+
+    async def finished(self) -> None:
+        """Wait for a streamed body's end; raises :class:`UpstreamError` if it broke."""
+        while not self._complete and self._error is None:
+            self._done = self._loop.create_future()
+            await self._done
+        if self._error is not None and not self._complete:
+            raise self._error
+
+    def pause(self) -> None:
+        """Stop reading from the backend (the client is not keeping up)."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def abort(self, error: UpstreamError | None = None) -> None:
+        """Drop the connection now (the backend sees the disconnect and frees its slot)."""
+        if error is not None:
+            self._fail(error)
+        if self._transport is not None:
+            self._transport.abort()
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # a stream transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Without it, small writes wait for delayed ACKs (~40 ms a first token).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None or self._complete:
+            # Bytes nobody asked for: the connection's framing can no longer be trusted.
+            self.abort(UpstreamError("backend sent data outside a response"))
+            return
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.abort(UpstreamError(f"malformed response from backend: {exc}"))
+            return
+        pending = self._pending
+        if pending:
+            sink = self._sink
+            if sink is not None:
+                # One write downstream per received segment, however many chunks it held.
+                self._pending = []
+                sink(pending[0] if len(pending) == 1 else b"".join(pending))
+            elif self._done is not None:
+                self._wake()  # a read() is waiting for more
+
+    def eof_received(self) -> bool | None:
+        if self._body_to_eof and not self._complete:
+            self._finish()  # a body without length or chunking ends with the connection
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if not self._complete:
+            reason = exc.__class__.__name__ if exc is not None else "closed"
+            self._fail(UpstreamError(f"backend closed the connection ({reason})"))
+        self._transport = None
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None and self._head is not None
+        headers: CIMultiDict[str] = CIMultiDict(self._headers)
+        self._body_to_eof = "Content-Length" not in headers and "chunked" not in headers.get(
+            "Transfer-Encoding", ""
+        )
+        if not self._head.done():
+            self._head.set_result(ResponseHead(self._parser.get_status_code(), headers))
+
+    def on_body(self, body: bytes) -> None:
+        self._pending.append(body)
+
+    def on_message_complete(self) -> None:
+        # Asked now: once the message is complete the parser resets and answers False.
+        self._keep_alive = self._parser is not None and self._parser.should_keep_alive()
+        self._finish()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        self._complete = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._wake()
+
+    def _wake(self) -> None:
+        done = self._done
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._error is None and not self._complete:
+            self._error = error
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+            self._head.exception()  # retrieved: nobody may be awaiting it any more
+        done = self._done
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    def _expire(self, seconds: float) -> None:
+        self._deadline = None
+        self.abort(UpstreamTimeout(f"no complete answer within {seconds:g} s"))
+
+
+class ConnectionPool:
+    """Idle keep-alive connections per backend origin; one exchange per connection."""
+
+    def __init__(self, idle_seconds: float = IDLE_SECONDS) -> None:
+        self._idle: dict[Origin, deque[Connection]] = {}
+        self._idle_seconds = idle_seconds
+        self._tls: ssl.SSLContext | None = None
+        self._closed = False
+
+    async def acquire(self, origin: Origin, connect_timeout: float | None) -> Connection:
+        """An idle connection to ``origin``, else a new one (raises :class:`UpstreamError`)."""
+        idle = self._idle.get(origin)
+        if idle:
+            oldest_ok = time.monotonic() - self._idle_seconds
+            while idle:
+                conn = idle.pop()  # the most recently used: the least likely to be closing
+                if conn.reusable and conn.idle_since >= oldest_ok:
+                    return conn
+                conn.abort()
+        return await self._connect(origin, connect_timeout)
+
+    def release(self, conn: Connection) -> None:
+        """Keep ``conn`` for the next request if it is reusable, else close it."""
+        if self._closed or not conn.reusable:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.origin, deque()).append(conn)
+
+    def close(self) -> None:
+        """Close every idle connection (connections in use close on release)."""
+        self._closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.abort()
+        self._idle.clear()
+
+    async def _connect(self, origin: Origin, timeout: float | None) -> Connection:
+        loop = asyncio.get_running_loop()
+        tls = None
+        if origin.scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        try:
+            async with asyncio.timeout(timeout):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(origin), origin.host, origin.port, ssl=tls
+                )
+        except TimeoutError:
+            raise UpstreamTimeout(f"connect timed out after {timeout:g} s") from None
+        except OSError as exc:
+            raise UpstreamError(f"connect failed ({exc.__class__.__name__})") from None
+        return conn
