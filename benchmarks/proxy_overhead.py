@@ -5,7 +5,9 @@
 A tiny SSE upstream (raw asyncio protocol on uvloop, its own process) answers every chat
 request with ``--chunks`` events, each its own write; paced runs send one every 5 ms on an
 absolute schedule like an engine's step clock, unpaced runs write them back to back. The
-load generator (this process) measures, per stream, TTFT (request sent -> first event) and
+load generator (this process) keeps ``concurrency`` streams open, starting them staggered
+over one paced stream's length so that requests arrive spread out as in steady serving
+rather than all at once, and measures per stream TTFT (request sent -> first event) and
 E2E (-> end of stream). For each mode and concurrency it prints the added TTFT and E2E
 (router percentile minus direct percentile), the router's CPU seconds per 1,000 forwarded
 chunks (utime+stime from /proc), the chunks/s the router forwarded, and 1,000 / (CPU s per
@@ -126,7 +128,9 @@ class RunResult:
     wall: float
 
 
-async def _load(url: str, concurrency: int, streams: int, chunks: int, gap_ms: float) -> RunResult:
+async def _load(
+    url: str, concurrency: int, streams: int, chunks: int, gap_ms: float, burst: bool = False
+) -> RunResult:
     body = (
         b'{"model":"bench","messages":[{"role":"user","content":"hello"}],"stream":true,'
         b'"max_tokens":%d}' % chunks
@@ -143,8 +147,13 @@ async def _load(url: str, concurrency: int, streams: int, chunks: int, gap_ms: f
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def worker() -> None:
+        async def worker(i: int) -> None:
             nonlocal total
+            # Paced streams all last chunks x gap: started together they would also end
+            # together, and every request would arrive in a burst of `concurrency` at once.
+            # Staggered over one stream's length, arrivals spread out as in steady serving.
+            if not burst:
+                await asyncio.sleep(i * chunks * gap_ms / 1000 / concurrency)
             for _ in range(per_worker):
                 t0 = time.perf_counter()
                 first = None
@@ -158,7 +167,7 @@ async def _load(url: str, concurrency: int, streams: int, chunks: int, gap_ms: f
                 e2e.append(end - t0)
 
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
         wall = time.perf_counter() - start
     return RunResult(ttft, e2e, total, wall)
 
@@ -200,11 +209,12 @@ class Row:
 
 
 def _round(upstream: str, router: str, pid: int, conc: int, streams: int, chunks: int,
-           gap: float) -> Row:  # fmt: skip
+           gap: float, burst: bool) -> Row:  # fmt: skip
     """Direct then through the router, same load; the router's CPU only for its run."""
-    direct = uvloop.run(_load(upstream + "/v1/chat/completions", conc, streams, chunks, gap))
+    path = "/v1/chat/completions"
+    direct = uvloop.run(_load(upstream + path, conc, streams, chunks, gap, burst))
     cpu0 = _cpu_seconds(pid)
-    via = uvloop.run(_load(router + "/v1/chat/completions", conc, streams, chunks, gap))
+    via = uvloop.run(_load(router + path, conc, streams, chunks, gap, burst))
     cpu = _cpu_seconds(pid) - cpu0
     return Row(
         ttft50=_pct(via.ttft, 50) - _pct(direct.ttft, 50),
@@ -229,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         "its own core in production (on 2 cores, three busy processes otherwise wait on\n"
         "the scheduler, which shows up as tens of ms at P99 on either side)",
     )
+    ap.add_argument(
+        "--burst",
+        action="store_true",
+        help="start every stream at once: paced streams then also end together, and each\n"
+        "round of requests arrives as one burst of `concurrency` (a thundering herd)",
+    )
     ap.add_argument("--upstream-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.upstream_server:
@@ -251,15 +267,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.chunks} chunks per stream, {args.streams} streams per run, median of "
                 f"{args.rounds} rounds, 1 router worker, {os.cpu_count()} CPUs"
                 + (" (router pinned to CPU 0, the rest to CPU 1)" if args.pin else "")
+                + (", streams started in one burst" if args.burst else "")
             )
             print(f"{'mode':8} {'conc':>5} {'+TTFT p50':>10} {'+TTFT p99':>10} {'+E2E p50':>10} "
                   f"{'+E2E p99':>10} {'CPU s/1k chunks':>16} {'chunks/s':>9} "
                   f"{'chunks/s per router core':>25}")  # fmt: skip
             for mode, gap in (("paced", 5.0), ("unpaced", 0.0)):
                 for conc in levels:
-                    streams = max(conc, args.streams if conc > 1 else min(args.streams, 40))
-                    rows = [_round(upstream, router, r_proc.pid, conc, streams, args.chunks, gap)
-                            for _ in range(args.rounds)]  # fmt: skip
+                    # At least four streams per connection, so most run in the steady state.
+                    streams = max(4 * conc, args.streams) if conc > 1 else min(args.streams, 40)
+                    rows = [_round(upstream, router, r_proc.pid, conc, streams, args.chunks, gap,
+                                   args.burst) for _ in range(args.rounds)]  # fmt: skip
 
                     def med(field: str, rows: list[Row] = rows) -> float:
                         return statistics.median(getattr(r, field) for r in rows)
