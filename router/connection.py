@@ -108,6 +108,7 @@ class Connection(asyncio.Protocol):
         self._error: UpstreamError | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._body_to_eof = False
+        self._interim = False
 
     # -- the owner's side -------------------------------------------------------------------
 
@@ -123,7 +124,8 @@ class Connection(asyncio.Protocol):
 
     def send(self, head: bytes, body: bytes, *, deadline: float | None = None) -> None:
         """Start an exchange: one write of head and body. ``deadline`` bounds all of it (s)."""
-        assert self._transport is not None
+        if self._transport is None:  # lost between acquire() and now
+            raise UpstreamError("backend closed the connection (closed)")
         self._parser = httptools.HttpResponseParser(self)
         self._headers = []
         self._head = self._loop.create_future()
@@ -133,6 +135,7 @@ class Connection(asyncio.Protocol):
         self._complete = False
         self._keep_alive = False
         self._body_to_eof = False
+        self._interim = False
         if deadline is not None:
             self._deadline = self._loop.call_later(deadline, self._expire, deadline)
         self._transport.writelines((head, body))
@@ -239,19 +242,31 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
+    def on_message_begin(self) -> None:
+        if self._complete:
+            # A second response in the segment that ended the first: nobody asked for it.
+            raise UpstreamError("backend sent data outside a response")
+
     def on_headers_complete(self) -> None:
         assert self._parser is not None and self._head is not None
+        status = self._parser.get_status_code()
+        if status < 200:  # an interim answer (103 Early Hints...): the real one follows
+            self._interim = True
+            self._headers = []
+            return
         headers: CIMultiDict[str] = CIMultiDict(self._headers)
-        self._body_to_eof = "Content-Length" not in headers and "chunked" not in headers.get(
-            "Transfer-Encoding", ""
-        )
+        chunked = any("chunked" in v.lower() for v in headers.getall("Transfer-Encoding", ()))
+        self._body_to_eof = not chunked and "Content-Length" not in headers
         if not self._head.done():
-            self._head.set_result(ResponseHead(self._parser.get_status_code(), headers))
+            self._head.set_result(ResponseHead(status, headers))
 
     def on_body(self, body: bytes) -> None:
         self._pending.append(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         # Asked now: once the message is complete the parser resets and answers False.
         self._keep_alive = self._parser is not None and self._parser.should_keep_alive()
         self._finish()
@@ -334,8 +349,9 @@ class ConnectionPool:
                 _, conn = await loop.create_connection(
                     lambda: Connection(origin), origin.host, origin.port, ssl=tls
                 )
-        except TimeoutError:
-            raise UpstreamTimeout(f"connect timed out after {timeout:g} s") from None
+        except TimeoutError:  # ours, or the kernel's own (ETIMEDOUT) when timeout is None
+            after = f" after {timeout:g} s" if timeout is not None else ""
+            raise UpstreamTimeout(f"connect timed out{after}") from None
         except OSError as exc:
             raise UpstreamError(f"connect failed ({exc.__class__.__name__})") from None
         return conn

@@ -117,9 +117,9 @@ async def relay(
     out = web.StreamResponse(status=head.status, headers=headers)
     await out.prepare(request)  # aiohttp writes the head now; the chunks below are ours
     transport = request.transport
-    protocol = request.protocol
-    if transport is None or not isinstance(protocol, GuardedHandler):
-        raise ConnectionResetError("client connection closed")
+    if transport is None:  # the client left while the head was being written
+        rec.status = CLIENT_CLOSED
+        return out
     # TPOT comes from the usage figures, so the meter stops looking for content after the
     # first token (see common/sse.py).
     meter = rec.meter = StreamMeter(rec.arrival, strip_usage=strip_usage, track_gaps=False)
@@ -132,9 +132,11 @@ async def relay(
 
     forward = Forward(transport, meter, first_content)
     watch = IdleWatch(conn, forward, idle) if idle else None
-    protocol.on_writable = lambda writable: conn.resume() if writable else conn.pause()
-    if protocol.writing_paused:
-        conn.pause()
+    protocol = request.protocol
+    if isinstance(protocol, GuardedHandler):  # the router's server always runs this one
+        protocol.on_writable = lambda writable: conn.resume() if writable else conn.pause()
+        if protocol.writing_paused:
+            conn.pause()
     broken: str | None = None
     try:
         conn.stream(forward)
@@ -158,7 +160,8 @@ async def relay(
     except ConnectionResetError:
         rec.status = CLIENT_CLOSED
     finally:
-        protocol.on_writable = None
+        if isinstance(protocol, GuardedHandler):
+            protocol.on_writable = None
         if watch is not None:
             watch.cancel()
     return out

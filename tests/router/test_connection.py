@@ -349,12 +349,6 @@ async def test_server_closing_mid_body_is_an_upstream_error(
     assert backend.accepted == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="chunked framing is recognised only as the exact lowercase 'chunked' in the first "
-    "Transfer-Encoding header; otherwise EOF is taken for the body's end, so a chunked body cut "
-    "short by the backend's close is returned as complete",
-)
 @pytest.mark.parametrize(
     "coding", [b"Chunked", b"gzip\r\nTransfer-Encoding: chunked"], ids=["capitalised", "two-lines"]
 )
@@ -478,11 +472,6 @@ async def test_trailing_garbage_in_the_same_segment_spoils_the_connection() -> N
             assert not conn.reusable
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a second response in the same segment is parsed as part of the exchange: its body "
-    "is appended to the first one's and the connection stays reusable",
-)
 async def test_second_response_in_the_same_segment_is_not_taken_as_body() -> None:
     stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!"
     async with Backend(answer_each(OK + stray)) as backend:
@@ -494,11 +483,6 @@ async def test_second_response_in_the_same_segment_is_not_taken_as_body() -> Non
             assert (body, reusable) == (b"ok", False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a 1xx interim response is taken for the final one: head() answers 103 and the "
-    "final response's status and headers are lost (RFC 9110 15.2: clients must skip 1xx)",
-)
 async def test_interim_response_is_skipped() -> None:
     early = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
     async with Backend(answer_each(early + OK)) as backend:
