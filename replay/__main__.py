@@ -89,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--results", metavar="results.jsonl", help="one capture line per request")
     p.add_argument("--html", metavar="report.html", help="self-contained page with CDF plots")
     p.add_argument("--shadow-target", metavar="URL", help="also send every request here")
+    p.add_argument(
+        "--shadow-results", metavar="shadow.jsonl", help="--results for the shadow's answers"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan, send nothing")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     return p
@@ -151,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         return _convert(args_in[1:])
     if args_in[:1] == ["merge"]:
         return merge_main(args_in[1:])
-    a = _parser().parse_args(args_in)
+    parser = _parser()
+    a = parser.parse_args(args_in)
+    if a.shadow_results and not a.shadow_target:
+        parser.error("--shadow-results needs --shadow-target")
     plan = PlanOptions(
         speed=a.speed,
         max_gap=a.max_gap,
@@ -170,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         shadow_target=a.shadow_target,
         model=a.model,
         results=a.results,
+        shadow_results=a.shadow_results,
         api_key=a.api_key,
         progress=sys.stdout.isatty() and not a.no_progress,
     )

@@ -8,6 +8,7 @@ Wires the pieces: :class:`~replay.sources.Source` -> :class:`~replay.plan.Plan` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +42,8 @@ class ReplayOptions:
     shadow_target: str | None = None
     model: str | None = None
     results: str | None = None
+    shadow_results: str | None = None
+    """Where the shadow target's answers go, one line per request as in ``results``."""
     progress: bool = False
     api_key: str | None = field(default=None, repr=False)
 
@@ -160,15 +163,19 @@ class Replayer:
         ) as session:
             model = o.model or await resolve_model(session, o.target)
             calibration = await target_calibration(session, o.target)
-            results = open(o.results, "wb") if o.results else None  # noqa: SIM115
-            try:
+            with contextlib.ExitStack() as files:
+                results = files.enter_context(open(o.results, "wb")) if o.results else None
+                shadow_results = (
+                    files.enter_context(open(o.shadow_results, "wb"))
+                    if o.shadow_results and o.shadow_target
+                    else None
+                )
                 return [
-                    await self._run_one(session, model, calibration, n, policy, results)
+                    await self._run_one(
+                        session, model, calibration, n, policy, results, shadow_results
+                    )
                     for n, policy in enumerate(o.policies)
                 ]
-            finally:
-                if results is not None:
-                    results.close()
 
     async def _run_one(
         self,
@@ -178,6 +185,7 @@ class Replayer:
         index: int,
         policy: str | None,
         results: IO[bytes] | None,
+        shadow_results: IO[bytes] | None,
     ) -> RunReport:
         o = self.opts
         # one salt per run: no run finds the previous run's prompts in a prefix cache
@@ -211,6 +219,8 @@ class Replayer:
                     shadow.send(rec, body, lag, keep_text=det),
                 )
                 report.add_shadow(r, s, deterministic=det)
+                if shadow_results is not None:
+                    shadow_results.write(_result_line(item, s, sent_at))
             report.add(r)
             if results is not None:
                 results.write(_result_line(item, r, sent_at))

@@ -81,8 +81,9 @@ def test_shadow_target_compares_answers(emus: tuple[Process, Process], tmp_path:
                 "stream": i % 2 == 0,
             }
             f.write(dump_line(CaptureRecord(f"q{i}", "/v1/chat/completions", body, t_offset_ms=i)))
-    out = tmp_path / "r.json"
+    out, results, shadow_results = (tmp_path / n for n in ("r.json", "p.jsonl", "s.jsonl"))
     args = ["--target", emus[0].url, "--shadow-target", emus[1].url, "--out", str(out)]
+    args += ["--results", str(results), "--shadow-results", str(shadow_results)]
     p = run_replay(str(cap), *args)
     assert p.returncode == 0, p.stderr
     assert "(shadow)" in p.stdout and "Shadow agreement" in p.stdout
@@ -94,6 +95,22 @@ def test_shadow_target_compares_answers(emus: tuple[Process, Process], tmp_path:
     assert ag["status"] == 1.0 and ag["output_tokens"] == 1.0
     # two emulators with the same profile and seed generate the same text
     assert ag["text"] == 1.0
+    # Each target's answers in its own results file, one line per request.
+    lines = {
+        path.name: [parse_line(x) for x in path.read_bytes().splitlines()]
+        for path in (results, shadow_results)
+    }
+    ids = {name: sorted(r.custom_id for r in recs) for name, recs in lines.items()}
+    assert ids["p.jsonl"] == ids["s.jsonl"] == sorted(f"q{i}" for i in range(8))
+    # Merged on their own, the shadow's lines give the report's shadow figures back.
+    again = tmp_path / "shadow.json"
+    merged = run_replay("merge", str(shadow_results), "--out", str(again))
+    assert merged.returncode == 0, merged.stderr
+    figures = orjson.loads(again.read_bytes())["runs"][0]["overall"]
+    for key in ("completed", "mean_ttft_ms", "p99_e2el_ms", "total_output_tokens"):
+        assert figures[key] == pytest.approx(shadow["overall"][key], rel=1e-3), key  # ms rounded
+    refused = run_replay(str(cap), "--target", emus[0].url, "--shadow-results", "x.jsonl")
+    assert refused.returncode == 2 and "--shadow-target" in refused.stderr
 
 
 def test_dry_run_and_bad_input(tmp_path: Path) -> None:
