@@ -97,16 +97,20 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._error: UpstreamError | None = None
+        self._deadline: asyncio.TimerHandle | None = None
         self._parser: httptools.HttpResponseParser | None = None
-        self._headers: list[tuple[str, str]] = []
         self._head: asyncio.Future[ResponseHead] | None = None
+        self._new_exchange()
+
+    def _new_exchange(self) -> None:
+        """Forget the previous response (only a reusable connection gets here)."""
+        self._headers: list[tuple[str, str]] = []
         self._done: asyncio.Future[None] | None = None
         self._pending: list[bytes] = []
         self._sink: Sink | None = None
         self._complete = False
         self._keep_alive = False
-        self._error: UpstreamError | None = None
-        self._deadline: asyncio.TimerHandle | None = None
         self._body_to_eof = False
         self._interim = False
 
@@ -126,16 +130,9 @@ class Connection(asyncio.Protocol):
         """Start an exchange: one write of head and body. ``deadline`` bounds all of it (s)."""
         if self._transport is None:  # lost between acquire() and now
             raise UpstreamError("backend closed the connection (closed)")
+        self._new_exchange()
         self._parser = httptools.HttpResponseParser(self)
-        self._headers = []
         self._head = self._loop.create_future()
-        self._done = None
-        self._pending = []
-        self._sink = None
-        self._complete = False
-        self._keep_alive = False
-        self._body_to_eof = False
-        self._interim = False
         if deadline is not None:
             self._deadline = self._loop.call_later(deadline, self._expire, deadline)
         self._transport.writelines((head, body))
