@@ -101,6 +101,8 @@ class Connection(asyncio.Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._parser: httptools.HttpResponseParser | None = None
         self._head: asyncio.Future[ResponseHead] | None = None
+        self.exchanges = 0
+        """Requests sent on this connection so far (more than one: it came from the pool)."""
         self._new_exchange()
 
     def _new_exchange(self) -> None:
@@ -109,6 +111,8 @@ class Connection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None
         self._pending: list[bytes] = []
         self._sink: Sink | None = None
+        self.answered = False
+        """The response's first byte has arrived."""
         self._complete = False
         self._keep_alive = False
         self._body_to_eof = False
@@ -131,6 +135,7 @@ class Connection(asyncio.Protocol):
         if self._transport is None:  # lost between acquire() and now
             raise UpstreamError("backend closed the connection (closed)")
         self._new_exchange()
+        self.exchanges += 1
         self._parser = httptools.HttpResponseParser(self)
         self._head = self._loop.create_future()
         if deadline is not None:
@@ -243,6 +248,7 @@ class Connection(asyncio.Protocol):
         if self._complete:
             # A second response in the segment that ended the first: nobody asked for it.
             raise UpstreamError("backend sent data outside a response")
+        self.answered = True
 
     def on_headers_complete(self) -> None:
         assert self._parser is not None and self._head is not None
@@ -317,6 +323,38 @@ class ConnectionPool:
                     return conn
                 conn.abort()
         return await self._connect(origin, connect_timeout)
+
+    async def request(
+        self,
+        origin: Origin,
+        head: bytes,
+        body: bytes,
+        *,
+        connect_timeout: float | None,
+        deadline: float | None,
+    ) -> tuple[Connection, ResponseHead]:
+        """Send one request and wait for the response's head; the caller then owns ``conn``.
+
+        A pooled connection that the backend closes without a byte of answer was closing
+        as the request went out (its idle keep-alive ran out): the request is sent once
+        more on a new connection rather than counted against the backend. On any failure
+        (or cancellation) the connection is dropped.
+        """
+        conn = await self.acquire(origin, connect_timeout)
+        try:
+            conn.send(head, body, deadline=deadline)
+            try:
+                return conn, await conn.head()
+            except UpstreamError as exc:
+                if isinstance(exc, UpstreamTimeout) or conn.exchanges == 1 or conn.answered:
+                    raise
+            conn.abort()
+            conn = await self._connect(origin, connect_timeout)
+            conn.send(head, body, deadline=deadline)
+            return conn, await conn.head()
+        except BaseException:
+            conn.abort()
+            raise
 
     def release(self, conn: Connection) -> None:
         """Keep ``conn`` for the next request if it is reusable, else close it."""

@@ -206,15 +206,16 @@ async def _attempt(
     request = request_head(origin, path, headers, len(target.body))
     first_byte = timeouts.first_byte if req.stream else None
     backend.start(req)
-    conn: Connection | None = None
     try:
         async with asyncio.timeout(first_byte):
-            conn = await connections.acquire(origin, timeouts.connect)
-            conn.send(request, target.body, deadline=timeouts.total)
-            head = await conn.head()
+            conn, head = await connections.request(
+                origin,
+                request,
+                target.body,
+                connect_timeout=timeouts.connect,
+                deadline=timeouts.total,
+            )
     except (TimeoutError, UpstreamError) as exc:
-        if conn is not None:
-            conn.abort()
         backend.finish(req)
         backend.request_failed()
         if isinstance(exc, TimeoutError):
@@ -223,8 +224,6 @@ async def _attempt(
             failure = Failure(backend.name, f"backend {backend.name} unreachable: {exc}")
         raise AttemptFailed(failure) from None
     except BaseException:
-        if conn is not None:
-            conn.abort()
         backend.finish(req)
         raise
     if head.status >= 500 or head.status == 429:
