@@ -46,6 +46,8 @@ _DROP_UPSTREAM = frozenset(
         "cookie",
         # The router meters the bytes it forwards, so it asks for them uncompressed.
         "accept-encoding",
+        # The router has the whole body before it connects: no 100-continue round trip.
+        "expect",
         "x-request-id",
         "x-switchyard-policy",
         "x-request-class",

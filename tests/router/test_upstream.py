@@ -19,6 +19,7 @@ def test_upstream_headers_strip_hop_by_hop_and_credentials() -> None:
             "Authorization": "Bearer client-key",
             "Cookie": "a=b",
             "Accept-Encoding": "gzip",
+            "Expect": "100-continue",
             "X-Switchyard-Policy": "p",
             "X-Request-Class": "batch",
             "X-Request-Id": "old",
