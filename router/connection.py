@@ -32,6 +32,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 Sink = Callable[[bytes], None]
+MAX_HEAD_BYTES = 64 * 1024
+"""The most header bytes a backend's response may carry (aiohttp's client allows 8 KiB a line)."""
 IDLE_SECONDS = 4.0
 """How long an unused connection is kept: under uvicorn's (and so vLLM's) 5 s keep-alive, so
 the router does not write a request into a connection the engine is just closing."""
@@ -108,6 +110,8 @@ class Connection(asyncio.Protocol):
     def _new_exchange(self) -> None:
         """Forget the previous response (only a reusable connection gets here)."""
         self._headers: list[tuple[str, str]] = []
+        self._head_bytes = 0
+        """Bytes received while the head is incomplete; -1 once it is complete."""
         self._done: asyncio.Future[None] | None = None
         self._pending: list[bytes] = []
         self._sink: Sink | None = None
@@ -213,8 +217,16 @@ class Connection(asyncio.Protocol):
         try:
             parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self.abort(UpstreamError(f"malformed response from backend: {exc}"))
+            mine = exc.__context__  # what one of the callbacks below raised, if any
+            if not isinstance(mine, UpstreamError):
+                mine = UpstreamError(f"malformed response from backend: {exc}")
+            self.abort(mine)
             return
+        if self._head_bytes >= 0:  # the head is still incomplete after this segment
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:  # llhttp sets no bound of its own
+                self.abort(UpstreamError(f"response head exceeds {MAX_HEAD_BYTES} bytes"))
+                return
         pending = self._pending
         if pending:
             sink = self._sink
@@ -257,6 +269,7 @@ class Connection(asyncio.Protocol):
             self._interim = True
             self._headers = []
             return
+        self._head_bytes = -1
         headers: CIMultiDict[str] = CIMultiDict(self._headers)
         chunked = any("chunked" in v.lower() for v in headers.getall("Transfer-Encoding", ()))
         self._body_to_eof = not chunked and "Content-Length" not in headers

@@ -19,6 +19,7 @@ import pytest
 import uvloop
 
 from router.connection import (
+    MAX_HEAD_BYTES,
     ConnectionPool,
     Origin,
     UpstreamError,
@@ -280,6 +281,22 @@ async def test_malformed_head_is_an_upstream_error(garbage: bytes) -> None:
         with closing(ConnectionPool()) as pool:
             conn = await start(pool, backend.origin)
             with pytest.raises(UpstreamError, match="malformed"):
+                await asyncio.wait_for(conn.head(), 2)
+            assert not conn.reusable
+
+
+async def test_an_oversized_response_head_is_refused() -> None:
+    async def script(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(8):  # 72 KB of headers, a line at a time
+            await peer.send(b"X-Pad: %s\r\n" % (b"a" * 9000))
+        await peer.client_gone()
+
+    async with Backend(script) as backend:
+        with closing(ConnectionPool()) as pool:
+            conn = await start(pool, backend.origin)
+            with pytest.raises(UpstreamError, match=f"head exceeds {MAX_HEAD_BYTES} bytes"):
                 await asyncio.wait_for(conn.head(), 2)
             assert not conn.reusable
 
