@@ -27,7 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import aiohttp
@@ -226,6 +226,27 @@ def _round(upstream: str, router: str, pid: int, conc: int, streams: int, chunks
     )
 
 
+def _print_targets(medians: dict[tuple[str, int], Row]) -> None:
+    """The router issue's targets for one worker, against this run's medians."""
+    checks: list[tuple[str, float, float, str]] = []
+    paced = medians.get(("paced", 64))
+    if paced is not None:
+        checks += [
+            ("paced 64 streams: added TTFT p50 (ms)", paced.ttft50 * 1000, 1.0, ".2f"),
+            ("paced 64 streams: added TTFT p99 (ms)", paced.ttft99 * 1000, 5.0, ".2f"),
+            ("paced 64 streams: CPU s per 1,000 chunks", paced.cpu_per_1k, 0.05, ".4f"),
+        ]
+    unpaced = [row.chunks_per_s for (mode, _), row in medians.items() if mode == "unpaced"]
+    if not checks and not unpaced:
+        return
+    print("-- targets (one router worker) --")
+    for label, value, bound, spec in checks:
+        print(f"  [{'met' if value <= bound else 'MISSED'}] {label} {value:{spec}} <= {bound:g}")
+    if unpaced:
+        best = max(unpaced)
+        print(f"  [{'met' if best >= 20000 else 'MISSED'}] unpaced chunks/s {best:.0f} >= 20000")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--chunks", type=int, default=64, help="events per stream")
@@ -272,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'mode':8} {'conc':>5} {'+TTFT p50':>10} {'+TTFT p99':>10} {'+E2E p50':>10} "
                   f"{'+E2E p99':>10} {'CPU s/1k chunks':>16} {'chunks/s':>9} "
                   f"{'chunks/s per router core':>25}")  # fmt: skip
+            medians: dict[tuple[str, int], Row] = {}
             for mode, gap in (("paced", 5.0), ("unpaced", 0.0)):
                 for conc in levels:
                     # At least four streams per connection, so most run in the steady state.
@@ -279,17 +301,17 @@ def main(argv: list[str] | None = None) -> int:
                     rows = [_round(upstream, router, r_proc.pid, conc, streams, args.chunks, gap,
                                    args.burst) for _ in range(args.rounds)]  # fmt: skip
 
-                    def med(field: str, rows: list[Row] = rows) -> float:
-                        return statistics.median(getattr(r, field) for r in rows)
-
+                    m = medians[mode, conc] = Row(
+                        *(statistics.median(getattr(r, f.name) for r in rows) for f in fields(Row))
+                    )
                     ms = 1000.0
                     print(
-                        f"{mode:8} {conc:>5} {med('ttft50') * ms:>8.2f}ms "
-                        f"{med('ttft99') * ms:>8.2f}ms {med('e2e50') * ms:>8.2f}ms "
-                        f"{med('e2e99') * ms:>8.2f}ms {med('cpu_per_1k'):>16.4f} "
-                        f"{med('chunks_per_s'):>9.0f} {1000 / med('cpu_per_1k'):>25.0f}",
+                        f"{mode:8} {conc:>5} {m.ttft50 * ms:>8.2f}ms {m.ttft99 * ms:>8.2f}ms "
+                        f"{m.e2e50 * ms:>8.2f}ms {m.e2e99 * ms:>8.2f}ms {m.cpu_per_1k:>16.4f} "
+                        f"{m.chunks_per_s:>9.0f} {1000 / m.cpu_per_1k:>25.0f}",
                         flush=True,
                     )
+            _print_targets(medians)
         finally:
             for proc in (r_proc, up_proc):
                 proc.terminate()
