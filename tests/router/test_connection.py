@@ -22,6 +22,7 @@ from router.connection import (
     MAX_HEAD_BYTES,
     ConnectionPool,
     Origin,
+    ResponseHead,
     UpstreamError,
     UpstreamTimeout,
     request_head,
@@ -374,38 +375,36 @@ async def test_spoiled_idle_connection_is_not_handed_out(after: bytes) -> None:
     assert backend.accepted == 2
 
 
-async def test_trailing_garbage_in_the_same_segment_spoils_the_connection() -> None:
-    async with Backend(answer_each(OK + b"garbage\r\n")) as backend:
+async def _one_exchange(answer: bytes) -> tuple[ResponseHead, bytes, bool]:
+    """Head, whole body and reusability of one request answered with ``answer``."""
+    async with Backend(answer_each(answer)) as backend:
         with closing(ConnectionPool()) as pool:
             conn = await start(pool, backend.origin)
-            assert await conn.read() == b"ok"
-            assert not conn.reusable
+            try:
+                return await conn.head(), await conn.read(), conn.reusable
+            finally:
+                conn.abort()
+
+
+async def test_trailing_garbage_in_the_same_segment_spoils_the_connection() -> None:
+    _, body, reusable = await _one_exchange(OK + b"garbage\r\n")
+    assert (body, reusable) == (b"ok", False)
 
 
 async def test_second_response_in_the_same_segment_is_not_taken_as_body() -> None:
     stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!"
-    async with Backend(answer_each(OK + stray)) as backend:
-        with closing(ConnectionPool()) as pool:
-            conn = await start(pool, backend.origin)
-            body = await conn.read()
-            reusable = conn.reusable
-            conn.abort()
-            assert (body, reusable) == (b"ok", False)
+    _, body, reusable = await _one_exchange(OK + stray)
+    assert (body, reusable) == (b"ok", False)
 
 
 async def test_interim_response_is_skipped() -> None:
     early = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
-    async with Backend(answer_each(early + OK)) as backend:
-        with closing(ConnectionPool()) as pool:
-            conn = await start(pool, backend.origin)
-            head = await conn.head()
-            body = await conn.read()
-            conn.abort()
-            assert (head.status, head.headers.get("Content-Type"), body) == (
-                200,
-                "application/json",
-                b"ok",
-            )
+    head, body, _ = await _one_exchange(early + OK)
+    assert (head.status, head.headers.get("Content-Type"), body) == (
+        200,
+        "application/json",
+        b"ok",
+    )
 
 
 # -- 10. request heads and URLs ----------------------------------------------------------------
