@@ -27,7 +27,7 @@ import orjson
 from common.sse import StreamMeter
 from emulator.calibration import MIN_P95_TTFT_RATIO, SHAPE, compare, p95_ttft_ratio, table
 from emulator.simulate import figures
-from router.children import stop_all
+from router.server.children import stop_all
 
 
 @contextlib.contextmanager

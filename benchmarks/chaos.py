@@ -39,7 +39,7 @@ import aiohttp
 import uvloop
 import yaml
 
-from router.children import spawn_ready
+from router.server.children import spawn_ready
 
 MODEL = "chaos-model"
 FAULTS: dict[str, list[str]] = {

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from router.children import spawn_ready, stop_all
+from router.server.children import spawn_ready, stop_all
 
 MODEL = "deepseek-v4.1-flash"
 _TOKENIZER_SCRIPT = r"""

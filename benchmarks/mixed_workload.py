@@ -40,7 +40,7 @@ import yaml
 
 from common.sse import StreamMeter
 from policies.types import Outcome, Slo
-from router.children import spawn_ready, stop_all
+from router.server.children import spawn_ready, stop_all
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "config" / "router.yaml"

@@ -34,7 +34,7 @@ import aiohttp
 import uvloop
 import yaml
 
-from router.children import spawn_ready
+from router.server.children import spawn_ready
 
 UPSTREAM_READY = "upstream listening on "
 _CONTENT_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)

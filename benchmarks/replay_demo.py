@@ -17,7 +17,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from router.children import spawn_ready, stop_all
+from router.server.children import spawn_ready, stop_all
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "config" / "demo-capture.jsonl"

@@ -28,7 +28,7 @@ from typing import cast
 import uvloop
 
 from common.capture import CaptureRecord, dump_line
-from router.children import spawn_ready
+from router.server.children import spawn_ready
 
 _EVENTS = b"".join(
     b'data: {"choices":[{"index":0,"delta":{"content":"tok"},"finish_reason":null}]}\n\n'

@@ -16,21 +16,21 @@ from aiohttp import web
 from policies.base import Policy
 from policies.registry import PolicyConfigError, build_policy
 from policies.types import REQUEST_CLASSES
-from router.admission import Admission
-from router.auth import Gate, admin_only
-from router.backends import BackendState, Pool
-from router.capture import CaptureWriter
-from router.config import ConfigError, RouterConfig
-from router.connection import ConnectionPool
-from router.errors import RouterError, error_response
-from router.health import HealthMonitor
-from router.lifecycle import Reloader
-from router.limits import GuardedSite, handler_options, single_headers
-from router.metrics import Metrics
-from router.proxy import handle
-from router.shadow import Shadows
-from router.slo import slo_table
-from router.state import RouterState
+from router.backends.health import HealthMonitor
+from router.backends.pool import BackendState, Pool
+from router.config.parse import ConfigError, RouterConfig
+from router.control.admission import Admission
+from router.control.auth import Gate, admin_only
+from router.control.slo import slo_table
+from router.observe.capture import CaptureWriter
+from router.observe.metrics import Metrics
+from router.proxy.connection import ConnectionPool
+from router.proxy.handler import handle
+from router.proxy.shadow import Shadows
+from router.proxy.state import RouterState
+from router.reload import Reloader
+from router.server.errors import RouterError, error_response
+from router.server.site import GuardedSite, handler_options, single_headers
 
 STATE = web.AppKey("state", RouterState)
 RELOADER = web.AppKey("reloader", Reloader)
@@ -213,7 +213,7 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
 
     ``handler_cancellation``: a client disconnect cancels the handler, which closes the
     upstream request at once and frees the engine's slot. TCP_NODELAY is set on every
-    accepted socket (aiohttp's base protocol) and upstream socket (router.connection).
+    accepted socket (aiohttp's base protocol) and upstream socket (router.proxy.connection).
     """
     config = app[STATE].config
     options = {"access_log": None, **handler_options(config.limits)}

@@ -27,10 +27,10 @@ from pathlib import Path
 import uvloop
 
 from router.app import RELOADER, build_app, build_policies, listen_socket, serve
-from router.auth import Gate, exposure_warning
-from router.backends import Pool
-from router.children import Children
-from router.config import ConfigError, RouterConfig, load_config
+from router.backends.pool import Pool
+from router.config.parse import ConfigError, RouterConfig, load_config
+from router.control.auth import Gate, exposure_warning
+from router.server.children import Children
 
 log = logging.getLogger("router")
 READY = "router listening on "

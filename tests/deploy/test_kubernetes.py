@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from router.config import load_config
+from router.config.parse import load_config
 from tests.deploy.manifests import (
     KUBE,
     Manifest,

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.types import REQUEST_CLASSES, Endpoint
-from router.body import upstream_body
-from router.classify import classify, parse_body
-from router.errors import RouterError
-from router.settings import ClassificationSettings, Rule
+from router.config.model import ClassificationSettings, Rule
+from router.control.classify import classify, parse_body
+from router.proxy.body import upstream_body
+from router.server.errors import RouterError
 
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings")
 RULES = ClassificationSettings(

@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from router.engines import parse_samples
+from router.backends.engines import parse_samples
 from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 

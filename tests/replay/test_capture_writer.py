@@ -17,8 +17,8 @@ import pytest
 
 from common.capture import parse_line
 from common.tokens import count_chat
-from router.capture import CaptureEntry, CaptureWriter, hash_text, redact
-from router.config import CaptureSettings
+from router.config.parse import CaptureSettings
+from router.observe.capture import CaptureEntry, CaptureWriter, hash_text, redact
 
 _BODY = {
     "model": "m",
@@ -165,8 +165,8 @@ _KILL_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, time
     sys.path.insert(0, {root!r})
-    from router.capture import CaptureWriter
-    from router.config import CaptureSettings
+    from router.observe.capture import CaptureWriter
+    from router.config.parse import CaptureSettings
     from tests.replay.test_capture_writer import _entry
 
     async def main() -> None:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from router.connection import Connection, ConnectionPool, Origin, request_head
+from router.proxy.connection import Connection, ConnectionPool, Origin, request_head
 
 BODY = b'{"model":"m","prompt":"hi","stream":true}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\nok"

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from router.admission import Admission, QueueRejected, Saturated
-from router.config import ConfigError, parse_config
-from router.settings import AdmissionSettings, ClassAdmission
+from router.config.model import AdmissionSettings, ClassAdmission
+from router.config.parse import ConfigError, parse_config
+from router.control.admission import Admission, QueueRejected, Saturated
 from tests.router.harness import base_config
 
 

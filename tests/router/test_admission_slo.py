@@ -5,7 +5,7 @@ from __future__ import annotations
 from policies.base import Policy
 from policies.registry import BackendInfo, build_policy
 from policies.types import Slo
-from router.slo import slo_table
+from router.control.slo import slo_table
 
 BACKENDS = [BackendInfo("v", "vllm", True), BackendInfo("d", "deepinfer")]
 

@@ -1,4 +1,4 @@
-"""router.auth: key sources, constant-time lookup, model lists, token buckets, concurrency."""
+"""router.control.auth: key sources, constant-time lookup, model lists, buckets, concurrency."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from common.sse import StreamMeter
 from policies.types import RequestInfo
-from router.auth import Gate, TokenBucket, exposure_warning
-from router.errors import RouterError
-from router.settings import ApiKeySpec, ConfigError
+from router.config.model import ApiKeySpec, ConfigError
+from router.control.auth import Gate, TokenBucket, exposure_warning
+from router.server.errors import RouterError
 
 
 class Clock:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from policies.types import EngineLoad, RequestInfo
-from router.backends import Pool
-from router.config import BackendSpec, HealthSettings
+from router.backends.pool import Pool
+from router.config.parse import BackendSpec, HealthSettings
 
 HEALTH = HealthSettings(failures_to_eject=2, cooldown=10.0)
 

@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.body import splice_usage, upstream_body
+from router.proxy.body import splice_usage, upstream_body
 
 RAW = b'{"model": "m", "messages": [{"role": "user", "content": "}"}], "stream": true}\n'
 

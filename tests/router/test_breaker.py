@@ -1,8 +1,8 @@
-"""router.breaker: ejection after consecutive failures, growing cooldown, half-open probe."""
+"""router.backends.breaker: ejection after consecutive failures, growing cooldown, half-open."""
 
 from __future__ import annotations
 
-from router.breaker import Breaker
+from router.backends.breaker import Breaker
 
 
 class Clock:

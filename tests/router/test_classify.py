@@ -8,9 +8,9 @@ import orjson
 import pytest
 
 from policies.types import Endpoint, RequestClass
-from router.classify import classify, parse_body
-from router.config import ClassificationSettings, Rule
-from router.errors import RouterError
+from router.config.parse import ClassificationSettings, Rule
+from router.control.classify import classify, parse_body
+from router.server.errors import RouterError
 
 RULES = ClassificationSettings(
     default="interactive",

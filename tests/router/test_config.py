@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from router.cli import default_config_path, load_checked
-from router.config import ConfigError, parse_config
+from router.config.parse import ConfigError, parse_config
 from tests.router.harness import base_config, write_config
 
 GOOD = base_config([("a", "vllm", "http://127.0.0.1:1"), ("b", "deepinfer", "http://127.0.0.1:2")])

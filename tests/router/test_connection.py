@@ -1,4 +1,4 @@
-"""Edge cases of router/connection.py, the router's keep-alive HTTP/1.1 client.
+"""Edge cases of router/proxy/connection.py, the router's keep-alive HTTP/1.1 client.
 
 Every case talks to a raw asyncio server on 127.0.0.1 that writes scripted bytes, so the
 response framing (splits, extensions, trailers, early closes, garbage) is exactly what the
@@ -18,7 +18,7 @@ from contextlib import closing
 import pytest
 import uvloop
 
-from router.connection import (
+from router.proxy.connection import (
     MAX_HEAD_BYTES,
     ConnectionPool,
     Origin,

@@ -11,7 +11,7 @@ from contextlib import closing
 
 import pytest
 
-from router.connection import ConnectionPool, Origin, UpstreamError, request_head
+from router.proxy.connection import ConnectionPool, Origin, UpstreamError, request_head
 from tests.router.rawserver import BODY, OK, Backend, Peer, Script
 
 PARTIAL = b"HTTP/1.1 200 OK\r\nContent-Le"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.engines import parse_load, parse_samples
+from router.backends.engines import parse_load, parse_samples
 
 VLLM = """# HELP vllm:num_requests_running Requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.metrics import Metrics
+from router.observe.metrics import Metrics
 
 
 def sample(m: Metrics, name: str, **labels: str) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multidict import CIMultiDict
 
-from router.upstream import downstream_headers, upstream_headers
+from router.proxy.upstream import downstream_headers, upstream_headers
 
 
 def test_upstream_headers_strip_hop_by_hop_and_credentials() -> None:

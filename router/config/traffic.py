@@ -1,14 +1,14 @@
 """Parsing of the ``admission`` and ``shadow`` config sections (called by config.py).
 
-Same conventions as every other section: frozen settings from :mod:`router.settings`, unknown
+Same conventions as every other section: frozen settings from :mod:`router.config.model`, unknown
 keys rejected, every error reported with its key path.
 """
 
 from __future__ import annotations
 
+from common.schema import Reader
 from policies.types import REQUEST_CLASSES
-from router.settings import AdmissionSettings, ClassAdmission, ShadowSettings
-from router.validate import Reader
+from router.config.model import AdmissionSettings, ClassAdmission, ShadowSettings
 
 
 def admission_settings(r: Reader, v: object) -> AdmissionSettings:

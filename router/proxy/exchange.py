@@ -14,8 +14,8 @@ from aiohttp import web
 
 from common.sse import StreamMeter
 from policies.types import Outcome, RequestInfo
-from router.capture import CaptureEntry
-from router.state import RouterState
+from router.observe.capture import CaptureEntry
+from router.proxy.state import RouterState
 
 log = logging.getLogger("router")
 

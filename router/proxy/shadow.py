@@ -25,11 +25,11 @@ import aiohttp
 from common.sse import StreamMeter
 from policies.base import Policy
 from policies.types import Endpoint, Outcome, RequestInfo
-from router.backends import BackendState, Pool
-from router.body import upstream_body
-from router.classify import Parsed
-from router.metrics import Metrics
-from router.settings import ShadowSettings
+from router.backends.pool import BackendState, Pool
+from router.config.model import ShadowSettings
+from router.control.classify import Parsed
+from router.observe.metrics import Metrics
+from router.proxy.body import upstream_body
 
 log = logging.getLogger("router")
 

@@ -3,7 +3,7 @@
 Validation reports every problem at once, each with its key path (``backends[1].url: ...``);
 unknown keys are rejected. The policy entries are checked structurally here and semantically
 by the policy registry (see :func:`router.app.build_policies`). The value objects live in
-:mod:`router.settings` and are importable from here.
+:mod:`router.config.model` and are importable from here.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from common.schema import Reader
 from policies.types import REQUEST_CLASSES
-from router.settings import (
+from router.config.model import (
     DEFAULT_CAPTURE_HEADERS,
     ENDPOINTS,
     REDACTIONS,
@@ -35,8 +36,7 @@ from router.settings import (
     Rule,
     ShutdownSettings,
 )
-from router.traffic_config import admission_settings, shadow_settings
-from router.validate import Reader
+from router.config.traffic import admission_settings, shadow_settings
 
 __all__ = [
     "DEFAULT_CAPTURE_HEADERS",

@@ -57,7 +57,7 @@ class BackendSpec:
 
 @dataclass(frozen=True, slots=True)
 class ApiKeySpec:
-    """A client API key, given by exactly one of ``env``, ``file`` or ``sha256`` (router.auth)."""
+    """A client API key, given by exactly one of ``env``, ``file`` or ``sha256``."""
 
     name: str
     env: str | None = None
@@ -77,7 +77,7 @@ class ApiKeySpec:
 
 @dataclass(frozen=True, slots=True)
 class LimitSettings:
-    """Connection-level limits of the listening socket (see router.limits)."""
+    """Connection-level limits of the listening socket (see router.server.site)."""
 
     max_connections: int = 10000
     idle_seconds: float = 75.0

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from policies.types import REQUEST_CLASSES, RequestClass
-from router.errors import RouterError
-from router.settings import AdmissionSettings
+from router.config.model import AdmissionSettings
+from router.server.errors import RouterError
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The request handler: classify -> choose -> connect with failover -> stream -> record.
 
-The answer itself is passed on by router.relay (the per-chunk hot path). Bookkeeping
+The answer itself is passed on by router.proxy.relay (the per-chunk hot path). Bookkeeping
 (metrics, policy feedback, capture) runs synchronously in ``finally`` so a client disconnect,
 which cancels the handler, cannot skip it.
 """
@@ -16,16 +16,16 @@ from aiohttp import web
 
 from policies.base import Policy
 from policies.types import Endpoint
-from router.admission import Saturated
-from router.auth import Lease, Tenant
-from router.body import upstream_body
-from router.classify import Parsed, classify, parse_body
-from router.errors import RouterError, error_response
-from router.limits import read_body
-from router.record import Record, bookkeeping
-from router.relay import CLIENT_CLOSED, relay
-from router.state import RouterState
-from router.upstream import Opened, Target, UpstreamFailed, open_upstream
+from router.control.admission import Saturated
+from router.control.auth import Lease, Tenant
+from router.control.classify import Parsed, classify, parse_body
+from router.proxy.body import upstream_body
+from router.proxy.exchange import Record, bookkeeping
+from router.proxy.relay import CLIENT_CLOSED, relay
+from router.proxy.state import RouterState
+from router.proxy.upstream import Opened, Target, UpstreamFailed, open_upstream
+from router.server.errors import RouterError, error_response
+from router.server.site import read_body
 
 PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",

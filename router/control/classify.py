@@ -16,8 +16,8 @@ import orjson
 
 from common.tokens import count_chat, count_text, message_text
 from policies.types import REQUEST_CLASSES, Endpoint, RequestClass, RequestInfo
-from router.config import ClassificationSettings, Rule
-from router.errors import RouterError
+from router.config.parse import ClassificationSettings, Rule
+from router.server.errors import RouterError
 
 # What each endpoint must carry besides "model".
 _REQUIRED: dict[Endpoint, str] = {

@@ -9,9 +9,9 @@ import time
 import aiohttp
 import orjson
 
-from router.backends import BackendState, Pool
-from router.config import HealthSettings
-from router.engines import parse_load
+from router.backends.engines import parse_load
+from router.backends.pool import BackendState, Pool
+from router.config.parse import HealthSettings
 
 
 class HealthMonitor:

@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from policies.base import Policy
-from router.admission import Admission
-from router.auth import Gate
-from router.backends import Pool
-from router.capture import CaptureWriter
-from router.config import RouterConfig
-from router.connection import ConnectionPool
-from router.metrics import Metrics
-from router.shadow import Shadows
-from router.slo import SloTable
+from router.backends.pool import Pool
+from router.config.parse import RouterConfig
+from router.control.admission import Admission
+from router.control.auth import Gate
+from router.control.slo import SloTable
+from router.observe.capture import CaptureWriter
+from router.observe.metrics import Metrics
+from router.proxy.connection import ConnectionPool
+from router.proxy.shadow import Shadows
 
 
 @dataclass(slots=True)
@@ -23,7 +23,7 @@ class RouterState:
     """Everything a request handler needs; one per app, never module-level.
 
     ``session``, ``upstreams`` and ``capture`` exist only between the app's startup and
-    cleanup phases. ``upstreams`` carries the proxied requests (router.connection);
+    cleanup phases. ``upstreams`` carries the proxied requests (router.proxy.connection);
     ``session`` the router's own calls (health probes, scrapes, shadow mirrors).
     """
 

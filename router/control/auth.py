@@ -31,8 +31,8 @@ from aiohttp.typedefs import Handler, Middleware
 
 from common.sse import StreamMeter
 from policies.types import RequestInfo
-from router.errors import RouterError, error_response
-from router.settings import ApiKeySpec, ConfigError
+from router.config.model import ApiKeySpec, ConfigError
+from router.server.errors import RouterError, error_response
 
 Clock = Callable[[], float]
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

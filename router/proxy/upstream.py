@@ -16,9 +16,9 @@ from multidict import CIMultiDict
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from policies.types import RequestInfo
-from router.backends import BackendState
-from router.config import ClassTimeouts, FailoverSettings
-from router.connection import (
+from router.backends.pool import BackendState
+from router.config.parse import ClassTimeouts, FailoverSettings
+from router.proxy.connection import (
     Connection,
     ConnectionPool,
     ResponseHead,

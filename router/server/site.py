@@ -37,8 +37,8 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
-from router.errors import RouterError, error_body, error_response
-from router.settings import LimitSettings
+from router.config.model import LimitSettings
+from router.server.errors import RouterError, error_body, error_response
 
 log = logging.getLogger("router")
 _MAX_MESSAGE = 200
@@ -112,7 +112,7 @@ class GuardedHandler(RequestHandler):
         self._stall: asyncio.TimerHandle | None = None
         self.on_writable: Callable[[bool], None] | None = None
         """Told when the client's socket buffer fills (False) and drains (True): a stream
-        relayed outside aiohttp's writer (router.relay) pauses its upstream meanwhile."""
+        relayed outside aiohttp's writer (router.proxy.relay) pauses its upstream meanwhile."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._open.count += 1

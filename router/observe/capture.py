@@ -4,7 +4,7 @@ The request path only calls :meth:`CaptureWriter.record`, which samples and puts
 a bounded queue without blocking; a full queue drops the entry and calls ``on_drop`` (the
 router counts it in ``switchyard_capture_dropped_total``). A background task drains the queue,
 redacts and serialises to capture lines (see :mod:`common.capture`), and a worker thread
-pipes each batch to a small sink process (``python -m router.capture``) that owns the file.
+pipes each batch to a small sink process (``python -m router.observe.capture``) that owns the file.
 
 Why a separate process: a ``kill -9`` can cut a large ``write(2)`` to a regular file short,
 tearing a line. The sink copies only complete lines from the pipe to the file, so when the
@@ -32,7 +32,7 @@ import orjson
 
 from common.capture import CaptureRecord, Observed, Response, Route, dump_line, iso_utc
 from common.tokens import count_chat, count_text
-from router.config import CaptureSettings
+from router.config.parse import CaptureSettings
 
 # Never written, whatever the allow-list says.
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
@@ -232,7 +232,7 @@ class CaptureWriter:
         s = self._settings
         # Fail at startup, with the OS's reason, if the file cannot be opened for appending.
         os.close(_open_append(s.path))
-        argv = [sys.executable, "-m", "router.capture", s.path, str(s.rotate_bytes or 0)]
+        argv = [sys.executable, "-m", "router.observe.capture", s.path, str(s.rotate_bytes or 0)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True)
         assert proc.stdin is not None
         self._pipe = proc.stdin.fileno()

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from aiohttp import web
 
 from common.sse import StreamMeter
-from router.connection import Connection, UpstreamError
-from router.errors import RouterError, sse_error_event
-from router.limits import GuardedHandler
-from router.record import Record
-from router.upstream import Opened, downstream_headers
+from router.proxy.connection import Connection, UpstreamError
+from router.proxy.exchange import Record
+from router.proxy.upstream import Opened, downstream_headers
+from router.server.errors import RouterError, sse_error_event
+from router.server.site import GuardedHandler
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
 

@@ -31,13 +31,13 @@ import orjson
 from aiohttp import web
 
 from policies.base import Policy
-from router.auth import Gate
-from router.backends import Pool
-from router.config import ConfigError, RouterConfig, load_config
-from router.errors import RouterError, error_response
-from router.settings import BackendSpec
-from router.slo import slo_table
-from router.state import RouterState
+from router.backends.pool import Pool
+from router.config.model import BackendSpec
+from router.config.parse import ConfigError, RouterConfig, load_config
+from router.control.auth import Gate
+from router.control.slo import slo_table
+from router.proxy.state import RouterState
+from router.server.errors import RouterError, error_response
 
 log = logging.getLogger("router")
 BuildPolicies = Callable[[RouterConfig, Pool], dict[str, Policy]]

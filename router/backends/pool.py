@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from policies.registry import BackendInfo
 from policies.types import Candidate, EngineLoad, RequestInfo
-from router.breaker import Breaker
-from router.config import BackendSpec, HealthSettings
+from router.backends.breaker import Breaker
+from router.config.parse import BackendSpec, HealthSettings
 
 Clock = Callable[[], float]
 
@@ -41,7 +41,7 @@ class BackendState:
 
     @property
     def healthy(self) -> bool:
-        """Probes pass and the breaker lets a request through (see router.breaker)."""
+        """Probes pass and the breaker lets a request through (see router.backends.breaker)."""
         return self.probe_ok and self.breaker.allows()
 
     @property
