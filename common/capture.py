@@ -165,7 +165,19 @@ def _itls(obs: Mapping[str, Any]) -> tuple[float, ...] | None:
 
 
 def record_from_dict(doc: Mapping[str, Any]) -> CaptureRecord:
-    """Parse one capture line's object; raises :class:`CaptureFormatError`."""
+    """Parse one capture line's object; raises :class:`CaptureFormatError`.
+
+    A line without ``v`` is a plain OpenAI Batch input line and reads as version 1; a newer
+    version is refused rather than half-read (its fields may mean something else).
+    """
+    version = doc.get("v", SCHEMA_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CaptureFormatError("v: expected a positive integer schema version")
+    if version > SCHEMA_VERSION:
+        raise CaptureFormatError(
+            f"v: capture schema version {version} is newer than this build reads "
+            f"({SCHEMA_VERSION}); upgrade switchyard to read it"
+        )
     custom_id = doc.get("custom_id")
     url = doc.get("url")
     body = doc.get("body")
