@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, Protocol, runtime_checkable
 
 from policies.types import Candidate, Decision, Outcome, RequestInfo
+
+PluginKind = Literal["filter", "scorer", "picker"]
 
 
 @runtime_checkable
@@ -46,3 +48,40 @@ class Policy(Protocol):
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision: ...
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None: ...
+
+
+class PipelineObserver(Protocol):
+    """Where the pipeline runner reports on its plugins (the router's metrics facade).
+
+    Each method is called once per plugin when a policy is built and returns the callable
+    the runner then calls per request, so nothing is looked up on the hot path. ``plugin``
+    is the plugin's configured type name (with its position when a type repeats).
+    """
+
+    def plugin_timer(self, policy: str, kind: PluginKind, plugin: str) -> Callable[[float], None]:
+        """Called with the seconds one run of the plugin took."""
+        ...
+
+    def filter_emptied(self, policy: str, filter: str) -> Callable[[], None]:
+        """Called each time the filter removes every remaining candidate."""
+        ...
+
+
+def _ignore_seconds(seconds: float) -> None:
+    pass
+
+
+def _ignore() -> None:
+    pass
+
+
+class NullObserver:
+    """A :class:`PipelineObserver` that records nothing (tests, ``check-config``)."""
+
+    __slots__ = ()
+
+    def plugin_timer(self, policy: str, kind: PluginKind, plugin: str) -> Callable[[float], None]:
+        return _ignore_seconds
+
+    def filter_emptied(self, policy: str, filter: str) -> Callable[[], None]:
+        return _ignore

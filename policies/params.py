@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from policies.base import NullObserver, PipelineObserver
 from policies.types import REQUEST_CLASSES, BackendInfo, RequestClass
 
 ErrorList = list[tuple[str, str]]
@@ -176,6 +177,8 @@ class BuildContext:
     """The configured backends, and resolution of names/engine kinds against them."""
 
     backends: tuple[BackendInfo, ...]
+    observer: PipelineObserver = field(default_factory=NullObserver)
+    """Where pipeline policies report each plugin's run time and each emptied candidate set."""
 
     @property
     def engines(self) -> tuple[str, ...]:

@@ -83,6 +83,9 @@ class Decision:
     """When set, the router writes this into the upstream body's ``priority`` field."""
     scores: dict[str, float] = field(default_factory=dict)
     """Final per-backend scores, for debugging endpoints; never on the hot path."""
+    empty_reason: str | None = None
+    """Why ``ranked`` is empty, when the policy can say (e.g. which filter removed every
+    candidate); the router adds it to its 503 message."""
 
 
 @dataclass(frozen=True, slots=True)
