@@ -1,13 +1,45 @@
-"""The one runner: healthy -> filters -> weighted scorers -> picker -> Decision."""
+"""The one runner: healthy -> filters -> weighted scorers -> picker -> Decision.
+
+Plugins never time or log themselves; the runner does. It times each filter, scorer and
+picker with one ``perf_counter`` pair and hands the seconds to its :class:`PipelineObserver`
+(callables bound once, when the policy is built), clamps every score into [0, 1], and when
+a filter removes every candidate it says which one, in the decision and to the observer.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from policies.base import Filter, Learner, Picker, Scorer
+from policies.base import Filter, Learner, NullObserver, Picker, PipelineObserver, Scorer
 from policies.pickers import MaxScorePicker
 from policies.types import Candidate, Decision, Outcome, RequestInfo
+
+NO_HEALTHY = "no healthy candidate"
+
+_Timer = Callable[[float], None]
+_FilterRun = tuple[Filter, _Timer, Callable[[], None], str]
+
+
+def plugin_type(plugin: object) -> str:
+    """A type name derived from the plugin's class: ``ClassMembersFilter`` -> ``class-members``.
+
+    Used for plugins built in code rather than from a configured ``type``.
+    """
+    cls = type(plugin).__name__
+    stem = cls.removesuffix("Filter").removesuffix("Scorer").removesuffix("Picker") or cls
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", stem).lower()
+
+
+def plugin_labels(types: Sequence[str], plugins: Sequence[object]) -> list[tuple[str, str]]:
+    """Per plugin, (type name, metric label): the label gets the plugin's position in its
+    list (``least-requests[1]``) when its type appears more than once there."""
+    names = [
+        types[i] if i < len(types) and types[i] else plugin_type(p) for i, p in enumerate(plugins)
+    ]
+    return [(n, f"{n}[{i}]" if names.count(n) > 1 else n) for i, n in enumerate(names)]
 
 
 @dataclass(slots=True)
@@ -16,7 +48,9 @@ class PipelinePolicy:
 
     Unhealthy candidates are always dropped first, so when every backend is unhealthy the
     ranking is empty and the router answers 503 itself. Otherwise the ranking holds every
-    candidate that survived the filters, best first.
+    candidate that survived the filters, best first. Each scorer's values are clamped into
+    [0, 1] (NaN counts as 0) before they are weighted, so one misbehaving scorer cannot
+    outvote the rest.
     """
 
     name: str
@@ -24,25 +58,69 @@ class PipelinePolicy:
     filters: tuple[Filter, ...] = ()
     scorers: tuple[tuple[Scorer, float], ...] = ()
     picker: Picker = field(default_factory=MaxScorePicker)
+    observer: PipelineObserver = field(default_factory=NullObserver)
+    """Receives each plugin's run time and each emptied candidate set (bound at build)."""
+    filter_types: tuple[str, ...] = ()
+    """Configured type names of ``filters``, for labels and messages; a missing or empty
+    one is derived from the plugin's class (see :func:`plugin_type`)."""
+    scorer_types: tuple[str, ...] = ()
+    """Configured type names of ``scorers`` (as ``filter_types``)."""
+    picker_type: str = ""
+    """Configured type name of ``picker`` (as ``filter_types``)."""
     learners: tuple[Learner, ...] = field(init=False)
+    _filter_runs: tuple[_FilterRun, ...] = field(init=False)
+    _scorer_runs: tuple[tuple[Scorer, float, _Timer], ...] = field(init=False)
+    _pick_timer: _Timer = field(init=False)
 
     def __post_init__(self) -> None:
         plugins: list[object] = [*self.filters, *(s for s, _ in self.scorers), self.picker]
         self.learners = tuple(p for p in plugins if isinstance(p, Learner))
+        name, obs = self.name, self.observer
+        self._filter_runs = tuple(
+            (
+                f,
+                obs.plugin_timer(name, "filter", label),
+                obs.filter_emptied(name, label),
+                f"filter '{kind}' (filters[{i}]) removed every candidate",
+            )
+            for i, (f, (kind, label)) in enumerate(
+                zip(self.filters, plugin_labels(self.filter_types, self.filters), strict=True)
+            )
+        )
+        scorer_labels = plugin_labels(self.scorer_types, [s for s, _ in self.scorers])
+        self._scorer_runs = tuple(
+            (s, w, obs.plugin_timer(name, "scorer", label))
+            for (s, w), (_, label) in zip(self.scorers, scorer_labels, strict=True)
+        )
+        ((_, picker_label),) = plugin_labels((self.picker_type,), (self.picker,))
+        self._pick_timer = obs.plugin_timer(name, "picker", picker_label)
 
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
         """Rank the candidates for ``req``."""
+        clock = time.perf_counter
         survivors: Sequence[Candidate] = [c for c in candidates if c.healthy]
-        for f in self.filters:
+        if not survivors:
+            return Decision((), empty_reason=NO_HEALTHY)
+        for flt, timer, emptied, reason in self._filter_runs:
+            t0 = clock()
+            survivors = flt.filter(req, survivors)
+            timer(clock() - t0)
             if not survivors:
-                break
-            survivors = f.filter(req, survivors)
+                emptied()
+                return Decision((), empty_reason=reason)
         totals = dict.fromkeys((c.name for c in survivors), 0.0)
-        for scorer, weight in self.scorers:
-            for name, value in scorer.score(req, survivors).items():
+        for scorer, weight, timer in self._scorer_runs:
+            t0 = clock()
+            scores = scorer.score(req, survivors)
+            timer(clock() - t0)
+            for name, value in scores.items():
                 if name in totals:
-                    totals[name] += weight * value
-        ranked = self.picker.pick(req, [(c, totals[c.name]) for c in survivors])
+                    # Clamp into [0, 1]; NaN fails ``> 0`` and so counts as 0.
+                    totals[name] += weight * (1.0 if value > 1.0 else value if value > 0.0 else 0.0)
+        scored = [(c, totals[c.name]) for c in survivors]
+        t0 = clock()
+        ranked = self.picker.pick(req, scored)
+        self._pick_timer(clock() - t0)
         return Decision(ranked=tuple(ranked), scores=totals)
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import TypeVar, cast
 
 from policies import adaptive, filters, pickers, scorers
-from policies.base import Filter, Picker, Policy, Scorer
+from policies.base import Filter, NullObserver, Picker, PipelineObserver, Policy, Scorer
 from policies.params import BuildContext, ErrorList, Params, class_orders, join_path, type_name
 from policies.pipeline import PipelinePolicy
 from policies.signals import inflight, outstanding_tokens
@@ -56,6 +56,7 @@ def _class_split(name: str, p: Params, ctx: BuildContext) -> Policy:
             (scorers.class_affinity(orders), 1.0),
             (scorers.LoadScorer(inflight), 0.5 / tiers),
         ),
+        observer=ctx.observer,
     )
 
 
@@ -70,7 +71,13 @@ def _subset(p: Params, ctx: BuildContext) -> tuple[Filter, ...]:
 def _round_robin(name: str, p: Params, ctx: BuildContext) -> Policy:
     subset = _subset(p, ctx)
     p.done()
-    return PipelinePolicy(name, "round-robin", filters=subset, picker=pickers.RoundRobinPicker())
+    return PipelinePolicy(
+        name,
+        "round-robin",
+        filters=subset,
+        picker=pickers.RoundRobinPicker(),
+        observer=ctx.observer,
+    )
 
 
 def _least_outstanding(name: str, p: Params, ctx: BuildContext) -> Policy:
@@ -79,7 +86,11 @@ def _least_outstanding(name: str, p: Params, ctx: BuildContext) -> Policy:
     p.done()
     signal = inflight if by == "requests" else outstanding_tokens
     return PipelinePolicy(
-        name, "least-outstanding", filters=subset, scorers=((scorers.LoadScorer(signal), 1.0),)
+        name,
+        "least-outstanding",
+        filters=subset,
+        scorers=((scorers.LoadScorer(signal), 1.0),),
+        observer=ctx.observer,
     )
 
 
@@ -103,6 +114,7 @@ def _pinned(name: str, p: Params, ctx: BuildContext) -> Policy:
         "pinned",
         filters=(filters.MembersFilter(names),),
         scorers=((scorers.LoadScorer(inflight), 1.0),),
+        observer=ctx.observer,
     )
 
 
@@ -191,11 +203,17 @@ def _pipeline(name: str, p: Params, ctx: BuildContext) -> Policy:
             return []
         return raw
 
+    def type_of(entry: object) -> str:
+        kind = entry.get("type") if isinstance(entry, Mapping) else entry
+        return kind if isinstance(kind, str) else ""
+
     path = p.path
+    filter_entries = entries("filters")
     built_filters = [
         _plugin(e, join_path(join_path(path, "filters"), i), FILTERS, Filter, ctx, p.errors)
-        for i, e in enumerate(entries("filters"))
+        for i, e in enumerate(filter_entries)
     ]
+    scorer_entries = entries("scorers")
     built_scorers = [
         _plugin(
             e,
@@ -206,19 +224,27 @@ def _pipeline(name: str, p: Params, ctx: BuildContext) -> Policy:
             p.errors,
             weighted=True,
         )
-        for i, e in enumerate(entries("scorers"))
+        for i, e in enumerate(scorer_entries)
     ]
-    raw_picker = p.raw_value("picker")
-    picker = _plugin(
-        raw_picker or "max-score", join_path(path, "picker"), PICKERS, Picker, ctx, p.errors
-    )
+    raw_picker = p.raw_value("picker") or "max-score"
+    picker = _plugin(raw_picker, join_path(path, "picker"), PICKERS, Picker, ctx, p.errors)
     p.done()
+    kept_filters = [
+        (type_of(e), f[0]) for e, f in zip(filter_entries, built_filters, strict=True) if f
+    ]
+    kept_scorers = [
+        (type_of(e), s) for e, s in zip(scorer_entries, built_scorers, strict=True) if s
+    ]
     return PipelinePolicy(
         name,
         "pipeline",
-        filters=tuple(f[0] for f in built_filters if f is not None),
-        scorers=tuple(s for s in built_scorers if s is not None),
+        filters=tuple(f for _, f in kept_filters),
+        scorers=tuple(s for _, s in kept_scorers),
         picker=picker[0] if picker else pickers.MaxScorePicker(),
+        observer=ctx.observer,
+        filter_types=tuple(t for t, _ in kept_filters),
+        scorer_types=tuple(t for t, _ in kept_scorers),
+        picker_type=type_of(raw_picker),
     )
 
 
@@ -240,15 +266,21 @@ def policy_types() -> tuple[str, ...]:
 
 
 def build_policy(
-    name: str, type: str, params: Mapping[str, object], backends: Sequence[BackendInfo]
+    name: str,
+    type: str,
+    params: Mapping[str, object],
+    backends: Sequence[BackendInfo],
+    *,
+    observer: PipelineObserver | None = None,
 ) -> Policy:
     """Validate one policy entry and build it; raises PolicyConfigError with ALL errors.
 
     Paths in the errors are relative to the policy entry (``type``, ``params.by``,
-    ``params.scorers[1].type``, ...).
+    ``params.scorers[1].type``, ...). Built-in policies report their plugins' run times
+    and emptied candidate sets to ``observer`` (the router's metrics), if given.
     """
     errors: ErrorList = []
-    ctx = BuildContext(tuple(backends))
+    ctx = BuildContext(tuple(backends), NullObserver() if observer is None else observer)
     p = Params.of(params, "params", errors)
     policy: object = None
     if type in POLICY_TYPES:
