@@ -39,14 +39,21 @@ BACKLOG = 2048
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_policies(config: RouterConfig, pool: Pool) -> dict[str, Policy]:
-    """Every named policy, built by the registry; raises ConfigError with all their errors."""
+def build_policies(
+    config: RouterConfig, pool: Pool, metrics: Metrics | None = None
+) -> dict[str, Policy]:
+    """Every named policy, built by the registry; raises ConfigError with all their errors.
+
+    With ``metrics``, pipeline policies report each plugin's run time and emptied sets there.
+    """
     infos = [b.info() for b in pool.backends]
     out: dict[str, Policy] = {}
     errors: list[tuple[str, str]] = []
     for spec in config.policies:
         try:
-            out[spec.name] = build_policy(spec.name, spec.type, spec.params, infos)
+            out[spec.name] = build_policy(
+                spec.name, spec.type, spec.params, infos, observer=metrics
+            )
         except PolicyConfigError as exc:
             errors.extend((f"policies.{spec.name}.{path}", msg) for path, msg in exc.errors)
     if errors:
@@ -62,8 +69,8 @@ def build_app(
     With ``config_path``, ``POST /switchyard/reload`` (and :data:`RELOADER`) reload from it.
     """
     pool = Pool(config.backends, config.aliases, config.health)
-    policies = build_policies(config, pool)
     metrics = metrics if metrics is not None else Metrics()
+    policies = build_policies(config, pool, metrics)
     state = RouterState(
         config=config,
         pool=pool,
@@ -89,7 +96,9 @@ def build_app(
     app.cleanup_ctx.append(_lifespan)
     _routes(app, state)
     if config_path is not None:
-        app[RELOADER] = reloader = Reloader(state, config_path, build_policies)
+        app[RELOADER] = reloader = Reloader(
+            state, config_path, partial(build_policies, metrics=metrics)
+        )
         app.router.add_post("/switchyard/reload", reloader.handle)
     return app
 

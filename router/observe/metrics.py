@@ -1,7 +1,9 @@
 """The one metrics facade: it owns its CollectorRegistry (tests build a fresh one each).
 
 Names and labels are INTERFACES.md's table. Request and session ids never become labels.
-Everything here is called once per request (or per probe), never per streamed chunk.
+Everything here is called once per request (or per probe), never per streamed chunk. It is
+also the policies' :class:`~policies.base.PipelineObserver`: a pipeline policy binds one
+series per plugin when it is built, and per request only observes into it.
 """
 
 from __future__ import annotations
@@ -99,6 +101,19 @@ class Metrics:
             "Time a policy took to rank the candidates.",
             ["policy"],
             buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        self._plugin = Histogram(
+            "switchyard_policy_plugin_duration_seconds",
+            "Time one filter, scorer or picker of a pipeline policy took for one request.",
+            ["policy", "plugin", "kind"],
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        self._filter_rejections = Counter(
+            "switchyard_policy_filter_rejections_total",
+            "Requests for which this filter removed every remaining candidate (answered 503).",
+            ["policy", "filter"],
             registry=r,
         )
         self._aborts = Counter(
@@ -205,6 +220,14 @@ class Metrics:
 
     def decision(self, policy: str, seconds: float) -> None:
         self._decision.labels(policy).observe(seconds)
+
+    def plugin_timer(self, policy: str, kind: str, plugin: str) -> Callable[[float], None]:
+        """Observes one plugin's run time (``kind``: filter, scorer or picker)."""
+        return self._plugin.labels(policy, plugin, kind).observe
+
+    def filter_emptied(self, policy: str, filter: str) -> Callable[[], None]:
+        """Counts one request for which ``filter`` removed every remaining candidate."""
+        return self._filter_rejections.labels(policy, filter).inc
 
     def stream_aborted(self, policy: str, backend: str, request_class: str) -> None:
         self._aborts.labels(policy, backend, request_class).inc()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from policies.base import PipelineObserver
+from policies.registry import BackendInfo, build_policy
+from policies.testing import make_candidate as cand
+from policies.testing import make_request
 from router.observe.metrics import Metrics
 
 
@@ -41,3 +45,32 @@ def test_gauges_read_live_state_and_registries_are_separate() -> None:
     assert 'switchyard_failovers_total{backend="b",policy="p"} 1.0' in text
     assert 'switchyard_policy_decision_seconds_count{policy="p"} 1.0' in text
     assert "switchyard_capture_dropped_total 1.0" in text
+
+
+def test_pipeline_plugins_are_timed_and_emptying_filters_counted() -> None:
+    m = Metrics()
+    observer: PipelineObserver = m  # the facade is the policies' observer (checked by mypy)
+    backends = [BackendInfo("a", "vllm"), BackendInfo("b", "vllm")]
+    params = {
+        "filters": [{"type": "members", "params": {"backends": ["a"]}}],
+        "scorers": ["least-requests", {"type": "least-requests", "weight": 0.5}],
+    }
+    policy = build_policy("p", "pipeline", params, backends, observer=observer)
+    policy.choose(make_request(), [cand("a"), cand("b")])
+    emptied = policy.choose(make_request(), [cand("b")])
+    assert emptied.empty_reason == "filter 'members' (filters[0]) removed every candidate"
+    text = m.render().decode()
+    duration = "switchyard_policy_plugin_duration_seconds_count"
+    assert f'{duration}{{kind="filter",plugin="members",policy="p"}} 2.0' in text
+    assert f'{duration}{{kind="scorer",plugin="least-requests[0]",policy="p"}} 1.0' in text
+    assert f'{duration}{{kind="scorer",plugin="least-requests[1]",policy="p"}} 1.0' in text
+    assert f'{duration}{{kind="picker",plugin="max-score",policy="p"}} 1.0' in text
+    rejected = 'switchyard_policy_filter_rejections_total{filter="members",policy="p"} 1.0'
+    assert rejected in text
+    # Seconds, in buckets fine enough for sub-microsecond plugins.
+    total = sample(m, "switchyard_policy_plugin_duration_seconds_sum",
+                   policy="p", plugin="members", kind="filter")  # fmt: skip
+    assert total is not None and 0.0 < total < 0.1
+    assert "switchyard_policy_plugin_duration_seconds_bucket" in text
+    assert sample(Metrics(), "switchyard_policy_filter_rejections_total",
+                  policy="p", filter="members") is None  # fmt: skip
