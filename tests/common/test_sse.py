@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.sse import StreamMeter, is_content_event
+from common.sse import MAX_EVENT_SIZE, StreamMeter, is_content_event
+from tests.common.sse_spec import Recorder, spec_events
 
 
 def _chat_stream(tokens: list[str], *, usage: bool) -> list[bytes]:
@@ -92,3 +94,169 @@ def test_without_gap_tracking_first_token_and_usage_still_measured() -> None:
     assert fig.content_events == 1
     assert fig.completion_tokens == 3
     assert fig.tpot == (fig.e2e - 2.0) / 2  # type: ignore[operator]
+
+
+# --- framing by the WHATWG server-sent events spec, and a bound on what is held back ---
+
+
+def _feed_all(meter: StreamMeter, chunks: list[bytes]) -> bytes:
+    return b"".join(meter.feed(c, 1.0) for c in chunks) + meter.flush()
+
+
+def test_an_endless_line_is_bounded_and_ends_the_stream() -> None:
+    meter = StreamMeter(0.0, max_event_size=4096)
+    first = _chat_stream(["a"], usage=False)[0]
+    assert meter.feed(first + b"data: ", 0.0) == first
+    for i in range(100):
+        out = meter.feed(b"x" * 1000, float(i))
+        assert len(meter._buf) <= 4096
+        assert out == b""
+        if meter.failure is not None:
+            break
+    assert meter.failure is not None and "4096" in meter.failure
+    assert meter.protocol_errors == {"event_too_large": 1}
+    assert len(meter._buf) == 0
+    # nothing more is read, nor held back
+    assert meter.feed(b"\n\ndata: [DONE]\n\n", 9.0) == b""
+    assert meter.flush() == b""
+    assert not meter.done
+
+
+def test_the_default_bound_is_one_mib() -> None:
+    meter = StreamMeter(0.0)
+    meter.feed(b"data: " + b"x" * MAX_EVENT_SIZE, 0.0)
+    assert meter.failure is not None
+    assert MAX_EVENT_SIZE == 1 << 20
+
+
+def test_event_size_limit_is_exact_however_split() -> None:
+    """An event of ``max_event_size`` bytes passes, one more byte fails, wherever it is cut."""
+    ok = b"data: " + b"x" * 10 + b"\n"  # 17 bytes of lines, then the empty line
+    for limit, fails in ((len(ok), False), (len(ok) - 1, True)):
+        raw = ok + b"\n" + b"data: [DONE]\n\n"
+        for cut in range(len(raw) + 1):
+            meter = StreamMeter(0.0, max_event_size=limit)
+            out = _feed_all(meter, [raw[:cut], raw[cut:]])
+            assert (meter.failure is not None) == fails, cut
+            assert out == (b"" if fails else raw)
+
+
+def test_events_before_an_oversized_one_are_returned_whole() -> None:
+    head = _chat_stream(["a", "b"], usage=False)[:3]
+    big = b"data: " + b"y" * 300 + b"\n\n"
+    raw = b"".join([*head, big, b"data: [DONE]\n\n"])
+    for cut in range(0, len(raw) + 1, 7):
+        meter = StreamMeter(0.0, max_event_size=200)
+        out = b"".join(meter.feed(c, 1.0) for c in (raw[:cut], raw[cut:]))
+        assert out == b"".join(head)
+        assert meter.figures().content_events == 1
+        assert meter.failure is not None
+
+
+def test_incomplete_events_are_held_back_until_their_end() -> None:
+    """``feed`` returns whole events only, so an error event can follow it cleanly."""
+    raw = b"".join(_chat_stream(["a", "b"], usage=True))
+    meter = StreamMeter(0.0)
+    for i in range(len(raw)):
+        out = meter.feed(raw[i : i + 1], 1.0)
+        assert out in (b"", *_chat_stream(["a", "b"], usage=True))
+
+
+def _mixed(eols: list[bytes], *, usage: bool = True) -> tuple[bytes, bytes]:
+    """A stream whose line endings cycle through ``eols``, and the same without its usage."""
+    it = itertools.cycle(eols)
+
+    def ev(*lines: bytes) -> tuple[bytes, bool]:
+        body = b"".join(line + next(it) for line in lines)
+        blank = next(it)
+        if body.endswith(b"\r") and blank == b"\n":  # CR then LF would be one line ending
+            blank = b"\r\n"
+        return body + blank, False
+
+    def doc(d: object) -> bytes:
+        return b"data: " + orjson.dumps(d)
+
+    parts = [
+        ev(b": hello", doc({"choices": [{"delta": {"role": "assistant", "content": ""}}]})),
+        ev(b"event: message", doc({"choices": [{"delta": {"content": "a"}}]}), b"id: 1"),
+        ev(b'data: {"choices": [{"delta":', b'data: {"content": "b"}}]}'),  # two data lines
+        ev(doc({"choices": [{"delta": {}, "finish_reason": "stop"}]})),
+        ev(b"retry: 10"),
+    ]
+    if usage:
+        u = {"prompt_tokens": 3, "completion_tokens": 2}
+        parts.append((ev(doc({"choices": [], "usage": u}))[0], True))
+    parts.append(ev(b"data: [DONE]"))
+    raw = b"".join(p for p, _ in parts)
+    kept = b"".join(p for p, usage_only in parts if not usage_only)
+    return raw, kept
+
+
+EOLS = [[b"\n"], [b"\r\n"], [b"\r"], [b"\r\n", b"\n"], [b"\n", b"\r"], [b"\r", b"\r\n", b"\n"]]
+
+
+@pytest.mark.parametrize("eols", EOLS, ids=lambda e: b"+".join(e).decode("unicode_escape"))
+def test_mixed_line_endings_split_at_every_byte(eols: list[bytes]) -> None:
+    raw, kept = _mixed(eols)
+    expected = spec_events(raw)
+    assert len(expected) == 6
+    whole = Recorder(0.0, keep_itl=True)
+    assert _feed_all(whole, [raw]) == raw
+    assert whole.seen == expected
+    fig = whole.figures()
+    assert (fig.content_events, fig.finish_reason, fig.completion_tokens, fig.done) == (
+        2,
+        "stop",
+        2,
+        True,
+    )
+    for cut in range(len(raw) + 1):
+        for strip in (False, True):
+            meter = Recorder(0.0, keep_itl=True, strip_usage=strip)
+            out = _feed_all(meter, [raw[:cut], raw[cut:]])
+            assert meter.seen == expected, cut
+            assert out == (kept if strip else raw), cut
+            assert meter.figures() == whole.figures()
+    bytewise = Recorder(0.0, strip_usage=True)
+    assert _feed_all(bytewise, [raw[i : i + 1] for i in range(len(raw))]) == kept
+    assert bytewise.seen == expected
+
+
+def test_crlf_then_lf_does_not_hold_the_stream() -> None:
+    """``\\r\\n`` ends the first line, ``\\n`` the empty line: each event is read at once."""
+    events = [e.replace(b"\n\n", b"\r\n\n") for e in _chat_stream(["a", "b"], usage=False)]
+    meter = StreamMeter(0.0, track_gaps=True)
+    for i, e in enumerate(events):
+        assert meter.feed(e, float(i)) == e
+    assert meter.figures().content_events == 2 and meter.done
+
+
+def test_a_cr_at_a_chunk_end_and_its_lf_in_the_next() -> None:
+    usage = _chat_stream(["a"], usage=True)[-2].replace(b"\n\n", b"\r\r\n")
+    done = b"data: [DONE]\r\n\r\n"
+    meter = Recorder(0.0, strip_usage=True)
+    assert meter.feed(usage[:-1], 1.0) == b""  # the usage event, stripped, up to its last CR
+    assert meter.feed(b"\n" + done[:-2], 2.0) == b""  # its LF is dropped with it
+    assert meter.feed(done[-2:], 3.0) == done
+    assert meter.figures().completion_tokens == 1 and meter.done
+    kept = Recorder(0.0)
+    assert kept.feed(usage[:-1], 1.0) == usage[:-1]
+    assert kept.feed(b"\n" + done, 2.0) == b"\n" + done
+
+
+def test_fields_by_the_spec() -> None:
+    raw = (
+        b"\xef\xbb\xbfdata: [DONE]\n\n"  # a byte order mark at the start is ignored
+        b": data: not a field\n\n"
+        b"data\n\n"  # a data field with an empty value
+        b"data:x\ndata:  y\n\n"  # no space, or two of which one is kept
+        b"event: usage\ndatum: z\nid\n\n"
+    )
+    meter = Recorder(0.0)
+    assert _feed_all(meter, [raw]) == raw
+    assert meter.seen == spec_events(raw) == [b"[DONE]", b"", b"x\n y"]
+    assert meter.done
+    for cut in range(len(raw) + 1):
+        split = Recorder(0.0)
+        _feed_all(split, [raw[:cut], raw[cut:]])
+        assert split.seen == meter.seen, cut
