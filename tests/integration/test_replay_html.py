@@ -10,9 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.procs import ROOT, run_replay, start_emulator
+from tests.fixtures import AZURE
+from tests.procs import run_replay, start_emulator
 
-AZURE = ROOT.parent / "shared" / "traces" / "azure-2023" / "AzureLLMInferenceTrace_conv.csv"
 CHROMIUM = shutil.which("chromium")
 FLAGS = [
     "--headless",
@@ -26,7 +26,11 @@ FLAGS = [
 ]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is installed by `make test`")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no chromium on PATH: the HTML report was not checked in a browser "
+    "(`make browser`, part of `make test`, installs it)",
+)
 def test_report_page_renders_the_report_numbers(tmp_path: Path) -> None:
     out, page = tmp_path / "report.json", tmp_path / "report.html"
     with start_emulator("deepinfer", time_scale=50, seed=1) as emu:

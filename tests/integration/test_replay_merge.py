@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from common.capture import parse_line
+from tests.fixtures import OPENAI_BATCH
 from tests.procs import ROOT, Process, run_replay, start_emulator
 
-BATCH = ROOT.parent / "shared" / "traces" / "formats" / "openai-batch-synthetic.jsonl"
 DEMO = ROOT / "config" / "demo-capture.jsonl"
 
 
@@ -54,6 +54,6 @@ def test_shards_merge_into_the_whole(emu: Process, tmp_path: Path) -> None:
 
 
 def test_merge_rejects_a_file_that_is_not_results(tmp_path: Path) -> None:
-    p = run_replay("merge", str(BATCH))
+    p = run_replay("merge", str(OPENAI_BATCH))
     assert p.returncode == 2
     assert "not a replay result" in p.stderr

@@ -1,4 +1,8 @@
-"""Trace parsers on the public samples in shared/traces, plus detection and bad rows."""
+"""Trace parsers on small hand-written files in each public format, plus detection and bad rows.
+
+The fixtures (tests/fixtures/traces, made-up rows) stand in for the public traces, so these
+tests read nothing outside the repository.
+"""
 
 from __future__ import annotations
 
@@ -8,63 +12,65 @@ import pytest
 
 from common.capture import CaptureRecord, Response, dump_line
 from replay.sources import Source, SourceError, detect_format
-
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
-MOONCAKE = TRACES / "mooncake" / "synthetic_trace.jsonl"
-AZURE = TRACES / "azure-2023" / "AzureLLMInferenceTrace_conv.csv"
-BURST = TRACES / "formats" / "burstgpt-format-synthetic.csv"
-BATCH = TRACES / "formats" / "openai-batch-synthetic.jsonl"
-
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+from tests.fixtures import AZURE, BURSTGPT, MOONCAKE, OPENAI_BATCH
 
 
-@needs_traces
 @pytest.mark.parametrize(
     ("path", "fmt"),
-    [(MOONCAKE, "mooncake"), (AZURE, "azure"), (BURST, "burstgpt"), (BATCH, "openai-batch")],
+    [
+        (MOONCAKE, "mooncake"),
+        (AZURE, "azure"),
+        (BURSTGPT, "burstgpt"),
+        (OPENAI_BATCH, "openai-batch"),
+    ],
 )
 def test_detection(path: Path, fmt: str) -> None:
     assert detect_format(str(path)) == fmt
 
 
-@needs_traces
 def test_mooncake() -> None:
     src = Source(str(MOONCAKE), model="m")
     items = list(src)
-    assert len(items) == 3993 and src.skipped == 0
+    assert len(items) == 12 and src.skipped == 0
     first = items[0]
-    assert first.synth is not None and first.synth.prompt_tokens == 40160
-    assert first.synth.hash_ids[:3] == (0, 1, 2)
+    assert first.synth is not None and first.synth.prompt_tokens == 1500
+    assert first.synth.hash_ids == (0, 1, 2)
     body = first.record.body
     assert body["max_tokens"] == 6 and body["min_tokens"] == 6 and body["ignore_eos"] is True
     assert body["model"] == "m" and body["stream"] is True
-    assert items[-1].record.t_offset_ms == pytest.approx(1_022_025.0)
+    assert first.record.resp is not None and first.record.resp.completion_tokens == 6
+    assert [i.record.custom_id for i in items[:2]] == ["mooncake-0", "mooncake-1"]
+    assert items[-1].record.t_offset_ms == pytest.approx(12_345.0)
 
 
-@needs_traces
 def test_azure_timestamps_are_relative_to_the_first_row() -> None:
     items = list(Source(str(AZURE)))
-    assert len(items) == 19366  # the file has no trailing newline: the last row counts
+    assert len(items) == 23  # the file has no trailing newline: the last row counts
     assert items[0].record.t_offset_ms == 0.0
-    # 18:15:46.6805900 -> 18:15:50.9951690
-    assert items[1].record.t_offset_ms == pytest.approx(4314.579, abs=1e-3)
-    assert items[-1].synth is not None and items[-1].synth.prompt_tokens == 197
-    assert items[-1].record.body["max_tokens"] == 183
+    # 23:59:58.1000000 -> 23:59:58.4250000
+    assert items[1].record.t_offset_ms == pytest.approx(325.0, abs=1e-3)
+    # seven fractional digits: 23:59:59.9999999 is 1,899.9999 ms after the first row
+    assert items[3].record.t_offset_ms == pytest.approx(1899.9999, abs=1e-3)
+    # across midnight (and from 29 February into March): 2024-03-01 00:00:12.4
+    assert items[-1].record.t_offset_ms == pytest.approx(14_300.0, abs=1e-3)
+    assert items[-1].synth is not None and items[-1].synth.prompt_tokens == 905
+    assert items[-1].record.body["max_tokens"] == 38
 
 
-@needs_traces
 def test_burstgpt_zero_response_rows_are_skipped_and_counted() -> None:
-    src = Source(str(BURST))
+    src = Source(str(BURSTGPT))
     items = list(src)
-    assert len(items) == 39 and src.skipped == 1
+    assert len(items) == 11 and src.skipped == 1
     assert "0 response tokens" in src.errors[0]
+    # the trace starts at 5 s: offsets count from the first row
     assert items[0].record.t_offset_ms == 0.0 and items[1].record.t_offset_ms == 2000.0
+    assert items[0].synth is not None and items[0].synth.prompt_tokens == 620
+    assert items[0].record.body["max_tokens"] == 88
 
 
-@needs_traces
 def test_batch_lines_have_no_arrival_times() -> None:
-    items = list(Source(str(BATCH)))
-    assert len(items) == 12
+    items = list(Source(str(OPENAI_BATCH)))
+    assert len(items) == 6
     assert all(i.record.t_offset_ms is None and i.synth is None for i in items)
     assert items[0].record.custom_id == "job-0"
 
