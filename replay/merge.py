@@ -4,7 +4,9 @@ A trace too large for one load generator is split with ``--shard I/N`` (for inst
 Kubernetes Indexed Job). Each shard writes its per-request results; merging recomputes every
 figure from those lines, so percentiles are exact, not averages of averages. Shards are taken
 to have started together: a run's duration is the latest ``t_offset_ms + e2e_ms`` over all of
-its lines (each shard's offsets count from that shard's own start).
+its lines (each shard's offsets count from that shard's own start), as the replay's own report
+computes it, so merging one replay's results gives its report's figures back. Runs keep the
+order in which they first appear (the order the replay ran them in).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def _records(paths: Iterable[str]) -> Iterator[tuple[str, int, CaptureRecord]]:
 
 def merge_results(paths: list[str]) -> dict[str, Any]:
     """The ``report.json`` of the union of ``paths``; raises ValueError on a bad line."""
-    runs: dict[str | None, RunReport] = {}
+    runs: dict[str | None, RunReport] = {}  # in order of first appearance
     try:
         for path, n, rec in _records(paths):
             try:
@@ -67,13 +69,10 @@ def merge_results(paths: list[str]) -> dict[str, Any]:
             run = runs.get(r.policy)
             if run is None:
                 run = runs[r.policy] = RunReport(r.policy)
-            run.add(r)
             end = ((rec.t_offset_ms or 0.0) + ((rec.obs.e2e_ms or 0.0) if rec.obs else 0.0)) / 1e3
-            run.duration = max(run.duration, end)
+            run.add(r, end=end)
     except CaptureFormatError as e:
         raise ValueError(str(e)) from None
-    for run in runs.values():
-        run.duration = run.duration or 1e-9
     return {
         "file": None,
         "format": "results",
@@ -81,12 +80,12 @@ def merge_results(paths: list[str]) -> dict[str, Any]:
         "target": None,
         "mode": "merged",
         "speed": None,
-        "runs": [runs[k].to_dict() for k in sorted(runs, key=lambda p: p or "")],
+        "runs": [run.to_dict() for run in runs.values()],
     }
 
 
 def main(argv: list[str]) -> int:
-    """``replay merge RESULTS... --out report.json [--html report.html]``."""
+    """``replay merge RESULTS... [--out report.json]``."""
     p = argparse.ArgumentParser(
         prog="replay merge", description="One report from several --results files (shards)."
     )

@@ -22,7 +22,7 @@ from common.capture import CaptureRecord, Observed, Response, Route, dump_line, 
 from replay.client import Client, Result, encode_body
 from replay.plan import Plan, PlanOptions, dry_run
 from replay.report import RunReport
-from replay.runner import Runner, Timing
+from replay.runner import Runner
 from replay.sources import Format, Item, Source
 from replay.synth import Calibration, PromptSynth, calibrate
 
@@ -79,6 +79,11 @@ async def target_calibration(session: aiohttp.ClientSession, target: str) -> Cal
         return await calibrate(count)
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
         return Calibration()
+
+
+def _end(sent_at: float, r: Result) -> float:
+    """When ``r`` ended, in seconds from the run's start (as its results line tells it)."""
+    return sent_at + (r.e2e or 0.0)
 
 
 def _result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
@@ -218,10 +223,10 @@ class Replayer:
                     client.send(rec, body, lag, keep_text=det),
                     shadow.send(rec, body, lag, keep_text=det),
                 )
-                report.add_shadow(r, s, deterministic=det)
+                report.add_shadow(r, s, deterministic=det, end=_end(sent_at, s))
                 if shadow_results is not None:
                     shadow_results.write(_result_line(item, s, sent_at))
-            report.add(r)
+            report.add(r, end=_end(sent_at, r))
             if results is not None:
                 results.write(_result_line(item, r, sent_at))
 
@@ -234,16 +239,16 @@ class Replayer:
             progress_task = asyncio.create_task(prog.run(sys.stdout, self.clock))
         plan = Plan(source, o.plan)
         try:
-            timing: Timing = (
+            # The report's durations come from each answer's end (see RunReport), not from
+            # the runner's timing, which also waits for the shadow's answers.
+            if o.concurrency:
                 await runner.closed_loop(plan, o.concurrency)
-                if o.concurrency
-                else await runner.open_loop(plan)
-            )
+            else:
+                await runner.open_loop(plan)
         finally:
             if progress_task is not None:
                 progress_task.cancel()
                 await asyncio.gather(progress_task, return_exceptions=True)
-        report.duration = timing.duration
         if index == 0:  # the file is the same for every run: tell once
             for err in source.errors:
                 _stderr(f"replay: skipped {err}")

@@ -127,7 +127,14 @@ class Agreement:
 
 
 class RunReport:
-    """Collects one run (one policy) and, with ``--shadow-target``, its shadow."""
+    """Collects one run (one policy) and, with ``--shadow-target``, its shadow.
+
+    A target's duration runs from the run's start to that target's last answer: ``end``, the
+    seconds from the run's start to the end of each request, is given with every result (the
+    replayer measures it, ``replay merge`` reads it from the results lines, so both compute
+    the same figures). A slow shadow therefore does not stretch the primary's duration, nor
+    lower its throughput. Without any ``end``, :attr:`duration` is used as it was set.
+    """
 
     def __init__(self, policy: str | None, *, shadow_target: str | None = None) -> None:
         self.policy = policy
@@ -139,23 +146,30 @@ class RunReport:
         self.shadow_by_class: dict[str, Acc] = {}
         self.agreement = Agreement()
         self.duration = 0.0
+        self.shadow_duration = 0.0
 
-    def add(self, r: Result) -> None:
-        """Account for one primary result."""
+    def add(self, r: Result, *, end: float | None = None) -> None:
+        """Account for one primary result that ended ``end`` seconds into the run."""
+        if end is not None:
+            self.duration = max(self.duration, end)
         self.overall.add(r)
         self.by_class.setdefault(r.request_class, Acc()).add(r)
         key = r.backend or "none"
         self.by_backend[key] = self.by_backend.get(key, 0) + 1
 
-    def add_shadow(self, primary: Result, shadow: Result, *, deterministic: bool) -> None:
-        """Account for the shadow target's answer to the same request."""
+    def add_shadow(
+        self, primary: Result, shadow: Result, *, deterministic: bool, end: float | None = None
+    ) -> None:
+        """Account for the shadow target's answer to the same request (ended at ``end``)."""
+        if end is not None:
+            self.shadow_duration = max(self.shadow_duration, end)
         self.shadow.add(shadow)
         self.shadow_by_class.setdefault(primary.request_class, Acc()).add(shadow)
         self.agreement.add(primary, shadow, deterministic=deterministic)
 
     def to_dict(self) -> dict[str, Any]:
         """The run's entry in ``report.json``."""
-        d = self.duration
+        d = max(self.duration, 1e-9)
         run: dict[str, Any] = {
             "policy": self.policy,
             "overall": self.overall.metrics(d),
@@ -163,10 +177,11 @@ class RunReport:
             "by_backend": {k: {"requests": n} for k, n in sorted(self.by_backend.items())},
         }
         if self.shadow_target is not None:
+            sd = max(self.shadow_duration, 1e-9) if self.shadow_duration else d
             run["shadow"] = {
                 "target": self.shadow_target,
-                "overall": self.shadow.metrics(d),
-                "by_class": {k: v.metrics(d) for k, v in sorted(self.shadow_by_class.items())},
+                "overall": self.shadow.metrics(sd),
+                "by_class": {k: v.metrics(sd) for k, v in sorted(self.shadow_by_class.items())},
                 "agreement": self.agreement.to_dict(),
             }
         return run
@@ -212,6 +227,14 @@ def _label(run: Mapping[str, Any]) -> str:
     return str(run.get("policy") or "target")
 
 
+def _scope(report: Mapping[str, Any]) -> str:
+    """What the overall table covers: the mode and target, or the merged files."""
+    merged = report.get("merged_from")
+    if merged is not None:
+        return f"merged from {len(merged)} results file{'' if len(merged) == 1 else 's'}"
+    return ", ".join(str(report[k]) for k in ("mode", "target") if report.get(k) is not None)
+
+
 def render_tables(report: Mapping[str, Any]) -> str:
     """The terminal report: overall table, one table per class, shadow agreement lines."""
     runs = report["runs"]
@@ -220,7 +243,7 @@ def render_tables(report: Mapping[str, Any]) -> str:
         cols.append((_label(run), run["overall"]))
         if "shadow" in run:
             cols.append((_label(run) + " (shadow)", run["shadow"]["overall"]))
-    out = [_table(f"All requests ({report['mode']}, {report['target']})", cols)]
+    out = [_table(f"All requests ({_scope(report)})", cols)]
     classes = sorted({c for run in runs for c in run["by_class"]})
     for cls in classes:
         cols = []

@@ -107,7 +107,8 @@ def test_shadow_target_compares_answers(emus: tuple[Process, Process], tmp_path:
     merged = run_replay("merge", str(shadow_results), "--out", str(again))
     assert merged.returncode == 0, merged.stderr
     figures = orjson.loads(again.read_bytes())["runs"][0]["overall"]
-    for key in ("completed", "mean_ttft_ms", "p99_e2el_ms", "total_output_tokens"):
+    keys = ("completed", "mean_ttft_ms", "p99_e2el_ms", "total_output_tokens", "output_throughput")
+    for key in keys:
         assert figures[key] == pytest.approx(shadow["overall"][key], rel=1e-3), key  # ms rounded
     refused = run_replay(str(cap), "--target", emus[0].url, "--shadow-results", "x.jsonl")
     assert refused.returncode == 2 and "--shadow-target" in refused.stderr
