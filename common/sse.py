@@ -2,9 +2,11 @@
 
 Both the router (on every forwarded chunk) and the replayer (on every received chunk) feed
 upstream bytes through :class:`StreamMeter`. It never re-encodes what it forwards: it finds
-event boundaries with ``bytes.find`` and looks inside an event only as far as needed to tell
-a content event (first token, inter-token gaps) from the role, usage, error and ``[DONE]``
-events. Only the usage and error events, which arrive once per stream, are JSON-decoded.
+line and event boundaries with ``bytes.find``, and JSON-decodes (orjson) only the events it
+must read: those that may carry the first content (every content event when tracking gaps),
+and those with a non-null ``finish_reason``, ``usage`` or ``error``, which a byte pattern that
+tolerates JSON whitespace picks out. What it reads it checks: the upstream is not trusted, and
+nothing it sends makes the meter raise (see :attr:`StreamMeter.protocol_errors`).
 
 Definitions follow vLLM's serving benchmark: TTFT is the time to the first event carrying
 content; ITL are the gaps between content events; TPOT is ``(e2e - ttft) / (tokens - 1)``.
@@ -23,7 +25,10 @@ MAX_EVENT_SIZE = 1 << 20
 _LF = 0x0A
 _CR = 0x0D
 _BOM = b"\xef\xbb\xbf"
-_EOL = re.compile(rb"\r\n|\r|\n")
+# A data field (lines ending in LF): "data", or "data:" and a value less one leading space.
+_DATA_FIELD = re.compile(rb"^data(?::[ ]?([^\n]*))?$", re.MULTILINE)
+# A line ending followed by another: the second ends an empty line.
+_BLANK = re.compile(rb"(?:\r\n|\r(?!\n)|\n)[\r\n]")
 # What the end of the last chunk left pending. A CR: an LF starting the next chunk is its second
 # byte, and belongs with it to the held-back event, an event returned, or one dropped. Or, at
 # the stream's start, whether it begins with a byte order mark.
@@ -32,46 +37,38 @@ _CR_DROPPED = 2
 _FRESH = 3
 _FAILED = 4  # nothing more is read
 
-PROTOCOL_ERRORS = ("event_too_large",)
+PROTOCOL_ERRORS = ("event_too_large", "bad_json", "bad_utf8", "bad_usage", "bad_finish_reason")
 """The kinds :attr:`StreamMeter.protocol_errors` counts."""
+
+MAX_USAGE_TOKENS = 100_000_000
+"""Token counts above this (or negative, or not whole numbers) are ignored as ``bad_usage``."""
 
 _DATA = b"data:"
 _DONE = b"[DONE]"
-# A key followed by a non-empty string (or, for tool calls, a list) marks a content event.
-_CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"tool_calls":')
-_USAGE = b'"usage":'
-_FINISH = b'"finish_reason":"'
-_ERROR = b'{"error"'
-
-
-def _has_value(event: bytes, key: bytes) -> bool:
-    """True if ``key`` occurs in ``event`` followed by a non-empty string or a list."""
-    start = 0
-    while True:
-        i = event.find(key, start)
-        if i < 0:
-            return False
-        j = i + len(key)
-        if j < len(event) and event[j] == 0x20:  # tolerate `"key": value`
-            j += 1
-        if j + 1 < len(event):
-            c = event[j]
-            if c == 0x22 and event[j + 1] != 0x22:  # "x… (non-empty string)
-                return True
-            if c == 0x5B and event[j + 1] != 0x5D:  # [… (non-empty list)
-                return True
-        start = j
+_BAD = object()  # what _parse returns for an event that is not JSON
+_WS = rb"[ \t\r\n]*"  # JSON whitespace
+_NOT_NULL = _WS + b":" + _WS + rb"[^n \t\r\n]"  # after a key: a value other than null
+# An event is parsed only if one of these keys occurs in it with a value: the content keys
+# until the first content (in every event when tracking gaps), the others in any event.
+_CONTENT_HINT = re.compile(
+    rb'"(?:content|text|reasoning|reasoning_content|tool_calls)"' + _NOT_NULL
+)
+_META_HINT = re.compile(rb'"(?:error|finish_reason|usage)"' + _NOT_NULL)
+_ERROR_START = re.compile(_WS + rb"\{" + _WS + rb'"error"')
+_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
 
 def _blank_line(data: bytes, pos: int) -> int:
     """Where the first empty line after ``pos`` starts in ``data`` (CR, LF or CRLF endings).
 
     ``pos`` is not taken for a line start, and never falls between the CR and LF of a CRLF.
-    Each line ending is found with ``bytes.find``, and each byte scanned once.
+    Line endings are found with ``bytes.find`` (each byte scanned once), past a few lines with
+    a regular expression (so that a stream of one-byte lines costs no Python step per line).
     """
     n = len(data)
     lf = data.find(b"\n", pos)
     cr = data.find(b"\r", pos)
+    lines = 0
     while lf >= 0 or cr >= 0:
         if cr < 0 or 0 <= lf < cr:
             nxt = lf + 1
@@ -84,6 +81,10 @@ def _blank_line(data: bytes, pos: int) -> int:
         c = data[nxt]
         if c in (_LF, _CR):
             return nxt
+        lines += 1
+        if lines == 8:  # many short lines: let the regex engine walk the rest
+            m = _BLANK.search(data, nxt)
+            return -1 if m is None else m.end() - 1
         if lf < nxt:
             lf = data.find(b"\n", nxt) if lf >= 0 else -1
         if cr < nxt:
@@ -92,8 +93,14 @@ def _blank_line(data: bytes, pos: int) -> int:
 
 
 def is_content_event(payload: bytes) -> bool:
-    """Whether one SSE ``data:`` payload carries generated content."""
-    return any(_has_value(payload, key) for key in _CONTENT_KEYS)
+    """Whether one SSE ``data`` payload carries generated content (a non-empty text, reasoning
+    or tool call in one of its choices)."""
+    if not _CONTENT_HINT.search(payload):
+        return False
+    try:
+        return _has_content(orjson.loads(payload))
+    except orjson.JSONDecodeError:
+        return False
 
 
 @dataclass(slots=True)
@@ -145,9 +152,18 @@ class StreamMeter:
     abort the upstream as a failed backend and end the client's stream with an error event
     (what was returned before is whole events, so that error event is received cleanly).
 
-    ``strip_usage``: drop the usage-only event (``"choices":[]`` plus ``usage``) from what
-    :meth:`feed` returns, for when the router asked the engine for usage on the client's
-    behalf.
+    **Untrusted.** Fields are read from the parsed JSON and checked; one that is malformed is
+    ignored and counted in :attr:`protocol_errors` (kinds in :data:`PROTOCOL_ERRORS`), never
+    raised: ``bad_json`` (an event read that is not JSON, or not an object with a list of
+    object choices), ``bad_utf8`` (not UTF-8: the rest is still read from a lossy decoding),
+    ``bad_usage`` (a usage that is not an object, or a token count that is not a whole number
+    in 0..:data:`MAX_USAGE_TOKENS`), ``bad_finish_reason`` (not a short printable ASCII word).
+    Counts are per event read (an event is read only if it may matter, so a malformed event
+    after the first content that names none of those keys goes unnoticed, and unharmed).
+
+    ``strip_usage``: drop the usage-only event (a non-null ``usage`` and ``choices`` empty or
+    absent) from what :meth:`feed` returns, for when the router asked the engine for usage on
+    the client's behalf.
 
     ``track_gaps``: look for content in every event (needed for ITL). The router passes False:
     after the first content event it only watches for the finish, usage, error and ``[DONE]``
@@ -281,11 +297,13 @@ class StreamMeter:
                     out = [event]
                 run = end
             else:
-                if one and data.startswith(_DATA, start):
+                if not one:
+                    keep = self._event(data, start, t, now)
+                elif data.startswith(_DATA, start):
                     a = start + 6 if data[start + 5] == 0x20 else start + 5
                     keep = self._payload(data[a : t - 1], now)
-                else:
-                    keep = self._event(data, start, t, now)
+                else:  # a comment (": keep-alive") has nothing to read
+                    keep = data[start] == 0x3A or self._event(data, start, t, now)
                 if not keep:
                     if out is None:
                         out = []
@@ -303,7 +321,7 @@ class StreamMeter:
                 return self._too_large(data, run, start, out)
             buf += data[start:] if start else data
             last = data[n - 1]
-            self._bol = last in (_LF, _CR)
+            self._bol = pos == n or last in (_LF, _CR)  # pos == n: just after a BOM
             if last == _CR:
                 self._edge = _CR_KEPT
         else:
@@ -354,11 +372,10 @@ class StreamMeter:
         if self._bom:
             self._bom = False
             s += 3  # the first event starts with it
-        values = [
-            line[5:].removeprefix(b" ") if line[4:5] == b":" else b""
-            for line in _EOL.split(buf[s:t])
-            if line.startswith(b"data") and (len(line) == 4 or line[4] == 0x3A)
-        ]
+        lines = buf[s:t]
+        if b"\r" in lines:
+            lines = lines.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        values = _DATA_FIELD.findall(lines)
         if not values:
             return True  # comments (": keep-alive") or fields we do not meter
         return self._payload(b"\n".join(values), now)
@@ -369,56 +386,121 @@ class StreamMeter:
         if payload == _DONE or (len(payload) < 16 and payload.strip() == _DONE):
             self.done = True
             return True
-        if payload.startswith(_ERROR):
-            self.error = _decode_error(payload)
+        if (self._track_gaps or self.first_content is None) and _CONTENT_HINT.search(payload):
+            doc = self._parse(payload)
+            if _has_content(doc):
+                if self.first_content is None:
+                    self.first_content = now
+                else:
+                    gap = now - self._last_content  # type: ignore[operator]
+                    self.itl_sum += gap
+                    if self.itls is not None:
+                        self.itls.append(gap)
+                self._last_content = now
+                self.content_events += 1
+        elif _META_HINT.search(payload):
+            doc = self._parse(payload)
+        else:
+            return True  # nothing else to read (e.g. `"finish_reason":null`)
+        if not isinstance(doc, dict):
+            if doc is not _BAD:
+                self._count("bad_json")
             return True
-        if (self._track_gaps or self.first_content is None) and is_content_event(payload):
-            if self.first_content is None:
-                self.first_content = now
-            else:
-                gap = now - self._last_content  # type: ignore[operator]
-                self.itl_sum += gap
-                if self.itls is not None:
-                    self.itls.append(gap)
-            self._last_content = now
-            self.content_events += 1
-        f = payload.find(_FINISH)
-        if f >= 0:
-            f += len(_FINISH)
-            self.finish_reason = payload[f : payload.find(b'"', f)].decode()
-        u = payload.find(_USAGE)
-        if u >= 0 and not payload[u + len(_USAGE) :].lstrip().startswith(b"null"):
-            self._usage(payload)
-            if self._strip_usage and b'"choices":[]' in payload:
-                return False
-        return True
+        err = doc.get("error")
+        if err is not None:
+            self.error = _error(err)
+            return True
+        choices = doc.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict):
+                    self._finish(choice.get("finish_reason"))
+                else:
+                    self._count("bad_json")
+        elif choices is not None:
+            self._count("bad_json")
+        usage = doc.get("usage")
+        if usage is None:
+            return True
+        self._usage(usage)
+        # The usage-only event: the one to drop when the router asked for it, not the client.
+        return not (self._strip_usage and (choices is None or choices == []))
 
-    def _usage(self, payload: bytes) -> None:
+    def _parse(self, payload: bytes) -> object:
+        """The JSON in ``payload``, or ``_BAD`` (counted) if it is not valid JSON."""
         try:
-            usage = orjson.loads(payload).get("usage") or {}
+            return orjson.loads(payload)
         except orjson.JSONDecodeError:
+            pass
+        try:
+            payload.decode()
+        except UnicodeDecodeError:
+            self._count("bad_utf8")
+            try:  # read what can be read: usage figures do not need the broken text
+                return orjson.loads(payload.decode(errors="replace"))
+            except orjson.JSONDecodeError:
+                pass
+        self._count("bad_json")
+        if _ERROR_START.match(payload):  # still an error, if a malformed one
+            self.error = {"message": payload[:200].decode(errors="replace")}
+        return _BAD
+
+    def _finish(self, reason: object) -> None:
+        """Take a choice's ``finish_reason`` if it is a short printable ASCII word."""
+        if reason is None or reason == "":
             return
-        self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
-        self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+        if (
+            isinstance(reason, str)
+            and len(reason) <= 64
+            and reason.isascii()
+            and reason.isprintable()
+        ):
+            self.finish_reason = reason
+        else:
+            self._count("bad_finish_reason")
+
+    def _usage(self, usage: object) -> None:
+        """Take the token counts of a ``usage`` object that are whole numbers in range."""
+        if not isinstance(usage, dict):
+            self._count("bad_usage")
+            return
+        bad = False
+        n = usage.get("prompt_tokens")
+        if n is not None:
+            if type(n) is int and 0 <= n <= MAX_USAGE_TOKENS:
+                self.prompt_tokens = n
+            else:
+                bad = True
+        n = usage.get("completion_tokens")
+        if n is not None:
+            if type(n) is int and 0 <= n <= MAX_USAGE_TOKENS:
+                self.completion_tokens = n
+            else:
+                bad = True
+        if bad:
+            self._count("bad_usage")
 
     def feed_body(self, body: bytes, now: float) -> None:
-        """Meter a non-streamed JSON response that arrived whole at ``now``."""
+        """Meter a non-streamed JSON response that arrived whole at ``now``.
+
+        Malformed fields are ignored and counted in :attr:`protocol_errors` as in a stream; a
+        body that is not JSON at all (an HTML error page, say) counts as ``bad_json``.
+        """
         self.first_content = self.last_event = now
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return
+        doc = self._parse(body)
         if not isinstance(doc, dict):
+            if doc is not _BAD:
+                self._count("bad_json")
             return
-        if isinstance(doc.get("error"), dict):
-            self.error = doc["error"]
+        err = doc.get("error")
+        if err is not None:
+            self.error = _error(err)
         usage = doc.get("usage")
-        if isinstance(usage, dict):
-            self.prompt_tokens = usage.get("prompt_tokens")
-            self.completion_tokens = usage.get("completion_tokens")
+        if usage is not None:
+            self._usage(usage)
         choices = doc.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            self.finish_reason = choices[0].get("finish_reason")
+            self._finish(choices[0].get("finish_reason"))
         self.content_events = 1
 
     def figures(self, end: float | None = None) -> StreamFigures:
@@ -438,10 +520,29 @@ class StreamMeter:
         )
 
 
-def _decode_error(payload: bytes) -> dict[str, object]:
-    try:
-        doc = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return {"message": payload.decode(errors="replace")}
-    err = doc.get("error") if isinstance(doc, dict) else None
+def _error(err: object) -> dict[str, object]:
+    """An error event's ``error``, as an object."""
     return err if isinstance(err, dict) else {"message": str(err)}
+
+
+def _has_content(doc: object) -> bool:
+    """Whether a parsed event carries generated content: a non-empty text, reasoning or tool
+    call in one of its choices."""
+    if not isinstance(doc, dict):
+        return False
+    choices = doc.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            for key in _DELTA_KEYS:
+                value = delta.get(key)
+                if value and isinstance(value, str | list):
+                    return True
+        value = choice.get("text")
+        if value and isinstance(value, str | list):
+            return True
+    return False

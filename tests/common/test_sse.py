@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import orjson
 import pytest
@@ -260,3 +261,177 @@ def test_fields_by_the_spec() -> None:
         split = Recorder(0.0)
         _feed_all(split, [raw[:cut], raw[cut:]])
         assert split.seen == meter.seen, cut
+
+
+# --- a hostile or sloppy upstream: fields are read as JSON, malformed ones ignored and counted ---
+
+
+def _stream_with(usage: object, *, finish: bytes = b'"stop"') -> list[bytes]:
+    head = _chat_stream(["a", "b"], usage=False)[:-2]  # up to the last content event
+    finish_ev = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":%b}]}\n\n' % finish
+    usage_ev = b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+    return [*head, finish_ev, usage_ev, b"data: [DONE]\n\n"]
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": "7", "completion_tokens": "1"},
+        {"prompt_tokens": -7, "completion_tokens": -1},
+        {"prompt_tokens": 10**12, "completion_tokens": 2**70},
+        {"prompt_tokens": 7.0, "completion_tokens": True},
+        {"prompt_tokens": [7], "completion_tokens": {"n": 1}},
+        [7, 1],
+        "7 and 1",
+        42,
+    ],
+)
+def test_malformed_usage_is_ignored_and_counted(usage: object) -> None:
+    for strip in (False, True):
+        meter = StreamMeter(0.0, strip_usage=strip)
+        out = _feed_all(meter, _stream_with(usage))
+        fig = meter.figures()
+        assert fig.prompt_tokens is None and fig.completion_tokens is None
+        assert meter.protocol_errors == {"bad_usage": 1}
+        assert fig.tpot is not None  # from the content events, as without usage
+        assert fig.finish_reason == "stop" and fig.done
+        assert (b'"usage"' in out) is not strip  # still the usage-only event: still stripped
+
+
+def test_a_malformed_usage_field_does_not_lose_the_other() -> None:
+    meter = StreamMeter(0.0)
+    _feed_all(meter, _stream_with({"prompt_tokens": 7, "completion_tokens": "2"}))
+    assert (meter.prompt_tokens, meter.completion_tokens) == (7, None)
+    assert meter.protocol_errors == {"bad_usage": 1}
+
+
+def test_non_utf8_finish_reason_is_ignored_and_counted() -> None:
+    events = _stream_with({"prompt_tokens": 7, "completion_tokens": 2}, finish=b'"st\xffp"')
+    events[-3] = events[-3].replace(b"}]}", b'}],"usage":{"prompt_tokens":7}}')
+    meter = StreamMeter(0.0, track_gaps=False)
+    out = _feed_all(meter, events)
+    assert out == b"".join(events)  # forwarded as received
+    assert meter.finish_reason is None
+    assert meter.protocol_errors == {"bad_utf8": 1, "bad_finish_reason": 1}
+    assert (meter.prompt_tokens, meter.completion_tokens) == (7, 2)  # the rest is still read
+
+
+@pytest.mark.parametrize("finish", [b"5", b'{"r":"stop"}', b'"' + b"x" * 65 + b'"', b'"st\\nop"'])
+def test_a_finish_reason_that_is_not_a_word_is_ignored_and_counted(finish: bytes) -> None:
+    meter = StreamMeter(0.0)
+    _feed_all(meter, _stream_with({"prompt_tokens": 7, "completion_tokens": 2}, finish=finish))
+    assert meter.finish_reason is None
+    assert meter.protocol_errors == {"bad_finish_reason": 1}
+    assert meter.completion_tokens == 2
+
+
+def test_non_utf8_content_still_counts_as_content() -> None:
+    meter = StreamMeter(0.0, keep_itl=True)
+    meter.feed(b'data: {"choices":[{"delta":{"content":"\xff\xfe"}}]}\n\n', 1.0)
+    assert meter.first_content == 1.0
+    assert meter.protocol_errors == {"bad_utf8": 1}
+
+
+@pytest.mark.parametrize(
+    ("payload", "kind"),
+    [
+        (b'{"choices":[],"usage":{"prompt_tokens":', "bad_json"),
+        (b'{"choices":[{"delta":{"content":"a"}}', "bad_json"),
+        (b'{"choices":5,"usage":{"prompt_tokens":7}}', "bad_json"),
+        (b'{"choices":["a"],"finish_reason":"stop"}', "bad_json"),
+        (b'["usage": 1]', "bad_json"),
+    ],
+)
+def test_malformed_json_is_counted_not_raised(payload: bytes, kind: str) -> None:
+    meter = StreamMeter(0.0)
+    assert meter.feed(b"data: " + payload + b"\n\n", 1.0)
+    assert meter.protocol_errors == {kind: 1}
+    assert meter.first_content is None
+
+
+def _spaced(events: list[bytes]) -> list[bytes]:
+    """The same events with JSON as Python's json module writes it: a space after , and :."""
+    return [
+        b"data: " + json.dumps(orjson.loads(e[6:])).encode() + b"\n\n"
+        if e.startswith(b"data: {")
+        else e
+        for e in events
+    ]
+
+
+def test_spaced_json_is_read_as_json() -> None:
+    spaced = _spaced(_chat_stream(["a", "b", "c"], usage=True))
+    assert b'"choices": []' in spaced[-2]
+    meter = StreamMeter(0.0, keep_itl=True, strip_usage=True)
+    out = _feed_all(meter, spaced)
+    assert out == b"".join(_spaced(_chat_stream(["a", "b", "c"], usage=False)))
+    fig = meter.figures()
+    assert (fig.content_events, fig.prompt_tokens, fig.completion_tokens) == (3, 7, 3)
+    assert fig.finish_reason == "length"
+    meter = StreamMeter(0.0)
+    meter.feed(b'data: { "choices" : [ { "delta" : { "content" : "a" } } ] }\n\n', 1.0)
+    assert meter.first_content == 1.0
+
+
+def test_error_events_are_read_as_json() -> None:
+    meter = StreamMeter(0.0)
+    meter.feed(b'data: { "error" : { "message" : "boom", "code" : 500 } }\n\n', 1.0)
+    assert meter.error == {"message": "boom", "code": 500}
+    meter = StreamMeter(0.0)
+    meter.feed(b'data: {"error": "boom"}\n\n', 1.0)
+    assert meter.error == {"message": "boom"}
+    meter = StreamMeter(0.0)
+    meter.feed(b'data: {"error": {"message": "bo\n\n', 1.0)  # cut short, still an error
+    assert meter.error is not None and "bo" in str(meter.error["message"])
+    assert meter.protocol_errors == {"bad_json": 1}
+
+
+def test_a_content_key_outside_a_choice_delta_is_not_content() -> None:
+    logprobs = b'{"choices":[{"delta":{"content":""},"logprobs":{"content":[{"token":"a"}]}}]}'
+    assert not is_content_event(logprobs)
+    assert not is_content_event(b'{"choices":[],"usage":{"content":"x"}}')
+    assert is_content_event(b'{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}')
+    assert is_content_event(b'{"choices":[{"delta":{"reasoning_content":"hm"}}]}')
+    assert not is_content_event(b'{"choices":[{"delta":{"content":"a"}')  # not JSON
+
+
+@pytest.mark.parametrize(
+    ("body", "errors"),
+    [
+        (b'{"choices":[],"usage":{"prompt_tokens":"7","completion_tokens":-1}}', {"bad_usage": 1}),
+        (b'{"choices":[],"usage":[7,1]}', {"bad_usage": 1}),
+        (
+            b'{"choices":[{"finish_reason":"st\xffp"}],"usage":{"prompt_tokens":7}}',
+            {"bad_utf8": 1, "bad_finish_reason": 1},
+        ),
+        (
+            b'{"choices":[{"finish_reason":7}],"usage":{"prompt_tokens":7}}',
+            {"bad_finish_reason": 1},
+        ),
+        (b"<html>502 Bad Gateway</html>", {"bad_json": 1}),
+        (b"[7]", {"bad_json": 1}),
+    ],
+)
+def test_a_malformed_body_is_counted_not_raised(body: bytes, errors: dict[str, int]) -> None:
+    meter = StreamMeter(0.0)
+    meter.feed_body(body, 1.0)
+    assert meter.protocol_errors == errors
+    assert meter.prompt_tokens in (None, 7)
+    assert meter.completion_tokens is None
+    assert meter.finish_reason is None
+    assert meter.figures(2.0).e2e == 2.0
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r", b"\r\n"])
+def test_events_of_many_short_lines(eol: bytes) -> None:
+    """Past a few lines the blank-line search changes method: same events, however split."""
+    lines = [b": c", b"data: {", b'data: "choices": [{"delta": {"content": "a"}}]', b"data: }"]
+    event = eol.join([*lines[:1] * 20, *lines[1:], b"id: 1", *lines[:1] * 20]) + eol + eol
+    raw = event * 2 + b"data: x" + eol * 15 + b"data: [DONE]" + eol + eol
+    expected = spec_events(raw)
+    assert len(expected) == 4
+    for cut in range(len(raw) + 1):
+        meter = Recorder(0.0, track_gaps=True)
+        assert _feed_all(meter, [raw[:cut], raw[cut:]]) == raw
+        assert meter.seen == expected, cut
+        assert meter.figures().content_events == 2 and meter.done
