@@ -154,6 +154,14 @@ def test_events_before_an_oversized_one_are_returned_whole() -> None:
         assert meter.failure is not None
 
 
+def test_whole_events_are_returned_without_a_copy() -> None:
+    events = _chat_stream(["a", "b"], usage=True)
+    meter = StreamMeter(0.0, strip_usage=True)
+    assert all(meter.feed(e, 1.0) is e for e in events if b'"usage"' not in e)
+    both = b"".join(events[:2])
+    assert meter.feed(both, 1.0) is both
+
+
 def test_incomplete_events_are_held_back_until_their_end() -> None:
     """``feed`` returns whole events only, so an error event can follow it cleanly."""
     raw = b"".join(_chat_stream(["a", "b"], usage=True))
@@ -163,7 +171,7 @@ def test_incomplete_events_are_held_back_until_their_end() -> None:
         assert out in (b"", *_chat_stream(["a", "b"], usage=True))
 
 
-def _mixed(eols: list[bytes], *, usage: bool = True) -> tuple[bytes, bytes]:
+def _mixed(eols: list[bytes]) -> tuple[bytes, bytes]:
     """A stream whose line endings cycle through ``eols``, and the same without its usage."""
     it = itertools.cycle(eols)
 
@@ -184,9 +192,8 @@ def _mixed(eols: list[bytes], *, usage: bool = True) -> tuple[bytes, bytes]:
         ev(doc({"choices": [{"delta": {}, "finish_reason": "stop"}]})),
         ev(b"retry: 10"),
     ]
-    if usage:
-        u = {"prompt_tokens": 3, "completion_tokens": 2}
-        parts.append((ev(doc({"choices": [], "usage": u}))[0], True))
+    u = {"prompt_tokens": 3, "completion_tokens": 2}
+    parts.append((ev(doc({"choices": [], "usage": u}))[0], True))
     parts.append(ev(b"data: [DONE]"))
     raw = b"".join(p for p, _ in parts)
     kept = b"".join(p for p, usage_only in parts if not usage_only)
