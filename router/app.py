@@ -18,7 +18,7 @@ from policies.registry import PolicyConfigError, build_policy
 from policies.types import REQUEST_CLASSES
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
-from router.config.parse import ConfigError, RouterConfig
+from router.config.model import ConfigError, RouterConfig
 from router.control.admission import Admission
 from router.control.auth import Gate, admin_only
 from router.control.slo import slo_table
@@ -186,27 +186,25 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     # limit=0: the router's own in-flight caps (max_inflight) bound the pool, not aiohttp.
     connector = aiohttp.TCPConnector(limit=0)
     # auto_decompress=False: the client gets the engine's bytes exactly as sent.
-    state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-    state.upstreams = ConnectionPool()
+    session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    connections = ConnectionPool()
     writer = None
     if state.config.capture is not None:
         writer = CaptureWriter(state.config.capture, on_drop=state.metrics.capture_dropped)
         await writer.start()
-        state.capture = writer
-    monitor = HealthMonitor(state.pool, state.session, state.config.health)
+    state.started(session, connections, writer)
+    monitor = HealthMonitor(state.pool, session, state.config.health)
     await monitor.start()
     try:
         yield
     finally:
         await monitor.aclose()
         await state.shadows.aclose()
+        state.stopped()
         if writer is not None:
-            state.capture = None
             await writer.aclose()
-        await state.session.close()
-        state.session = None
-        state.upstreams.close()
-        state.upstreams = None
+        await session.close()
+        connections.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from policies.registry import BackendInfo
 from policies.types import Candidate, EngineLoad, RequestInfo
 from router.backends.breaker import Breaker
-from router.config.parse import BackendSpec, HealthSettings
+from router.config.model import BackendSpec, HealthSettings
 
 Clock = Callable[[], float]
 
@@ -49,33 +49,9 @@ class BackendState:
         """Configured models, else those the backend's /v1/models listed."""
         return self.spec.models or self.discovered_models
 
-    def start(self, req: RequestInfo) -> None:
-        self.breaker.started()
-        self.inflight += 1
-        self.outstanding_prompt += req.prompt_tokens
-        self.outstanding_output += req.expected_output_tokens
-
-    def prefilled(self, req: RequestInfo) -> None:
-        """The first streamed byte arrived: the prompt no longer waits for prefill.
-
-        From here on ``outstanding_prompt`` means prompt tokens still waiting for prefill,
-        which is what the TTFT predictor needs; pass ``prefilled=True`` to :meth:`finish`.
-        """
-        self.outstanding_prompt -= req.prompt_tokens
-
-    def finish(self, req: RequestInfo, *, prefilled: bool = False) -> None:
-        self.breaker.ended()
-        self.inflight -= 1
-        if not prefilled:
-            self.outstanding_prompt -= req.prompt_tokens
-        self.outstanding_output -= req.expected_output_tokens
-
-    def request_ok(self) -> None:
-        self.breaker.ok()
-
-    def request_failed(self) -> None:
-        """A connect error, timeout or 5xx: eject after enough of them in a row."""
-        self.breaker.failed()
+    def lease(self, req: RequestInfo) -> BackendLease:
+        """Count ``req`` as in flight here until the returned lease is released."""
+        return BackendLease(self, req)
 
     def probe_result(self, ok: bool, *, first: bool = False) -> None:
         """Active probe: down after ``failures_to_eject`` misses, up again on one success.
@@ -137,6 +113,61 @@ class BackendState:
                 "kv_cache_usage": load.kv_cache_usage,
             },
         }
+
+
+class BackendLease:
+    """One request's hold on a backend's in-flight figures: the only writer of them.
+
+    Opened by :meth:`BackendState.lease` when an attempt starts; :meth:`release` (idempotent)
+    when the attempt fails or the answer ends, however it ends. The breaker hears of the
+    attempt's fate through :meth:`ok` and :meth:`failed`.
+    """
+
+    __slots__ = ("_backend", "_prefilled", "_released", "_req")
+
+    def __init__(self, backend: BackendState, req: RequestInfo) -> None:
+        self._backend = backend
+        self._req = req
+        self._prefilled = False
+        self._released = False
+        backend.breaker.started()
+        backend.inflight += 1
+        backend.outstanding_prompt += req.prompt_tokens
+        backend.outstanding_output += req.expected_output_tokens
+
+    @property
+    def backend(self) -> BackendState:
+        return self._backend
+
+    def prefilled(self) -> None:
+        """The first content arrived: the prompt no longer waits for prefill.
+
+        From here on the backend's ``outstanding_prompt`` excludes this request, which is what
+        the TTFT predictor needs (prompt tokens still waiting for prefill).
+        """
+        if not self._prefilled and not self._released:
+            self._prefilled = True
+            self._backend.outstanding_prompt -= self._req.prompt_tokens
+
+    def ok(self) -> None:
+        """The backend answered properly: the breaker's run of failures ends."""
+        self._backend.breaker.ok()
+
+    def failed(self) -> None:
+        """A failure that is the backend's (see the breaker): eject after enough in a row."""
+        self._backend.breaker.failed()
+
+    def release(self) -> None:
+        """The attempt is over; later calls do nothing."""
+        if self._released:
+            return
+        self._released = True
+        b, req = self._backend, self._req
+        b.breaker.ended()
+        b.inflight -= 1
+        if not self._prefilled:
+            b.outstanding_prompt -= req.prompt_tokens
+        b.outstanding_output -= req.expected_output_tokens
 
 
 class Pool:

@@ -29,7 +29,6 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from common.sse import StreamMeter
 from policies.types import RequestInfo
 from router.config.model import ApiKeySpec, ConfigError
 from router.server.errors import RouterError, error_response
@@ -100,13 +99,12 @@ class Lease:
         self._tenant = tenant
         self._charged = charged
 
-    def release(self, meter: StreamMeter | None) -> None:
-        """Free the concurrency slot; settle the token charge with the usage the engine
-        reported, if it reported any (otherwise the estimate stands)."""
+    def release(self, used_tokens: int | None) -> None:
+        """Free the concurrency slot; settle the token charge with ``used_tokens`` (what the
+        engine reported using), if known (otherwise the estimate stands)."""
         self._tenant.inflight -= 1
         bucket = self._tenant.tokens
-        if bucket is not None and meter is not None and meter.completion_tokens is not None:
-            used_tokens = (meter.prompt_tokens or 0) + meter.completion_tokens
+        if bucket is not None and used_tokens is not None:
             refund = self._charged - used_tokens
             if refund >= 0:
                 bucket.give(refund)

@@ -1,109 +1,129 @@
-"""Per-request bookkeeping: what the handler learns as it goes, and what happens at the end.
+"""One request as the router handled it: the record the handler fills in and finishes once.
 
-:func:`bookkeeping` is synchronous so that a cancelled handler (client disconnect) still runs
-it completely from its ``finally``: metrics, the policy's ``on_finish`` feedback, capture.
+The handler (router.proxy.handler) is the only writer of an :class:`Exchange`. Its
+:meth:`Exchange.finish` is synchronous so that a cancelled handler (client disconnect) still
+runs it completely from its ``finally``: metrics, the policy's ``on_finish`` feedback, SLO
+goodput and capture. The capture line is derived from the same record
+(:meth:`Exchange.capture_record`), later, by the capture writer's task.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from aiohttp import web
-
-from common.sse import StreamMeter
+from common.capture import CaptureRecord, Observed, Response, Route, iso_utc
+from common.sse import StreamFigures, StreamMeter
+from policies.base import Policy
 from policies.types import Outcome, RequestInfo
-from router.observe.capture import CaptureEntry
 from router.proxy.state import RouterState
 
 log = logging.getLogger("router")
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
 @dataclass(slots=True)
-class Record:
-    """What the bookkeeping needs, filled in as the request progresses."""
+class Exchange:
+    """What the router learns about one request as it goes, and what it makes of it."""
 
     request_id: str
+    path: str
+    headers: Mapping[str, str]
     arrival: float
+    """``time.monotonic()`` when the request arrived."""
     arrival_wall: float
-    policy: str
+    policy: Policy
+    """The policy object that chose (a reload may replace the one of that name meanwhile)."""
     body: bytes = b""
+    doc: Mapping[str, Any] | None = None
+    """The parsed body, once it parsed."""
     info: RequestInfo | None = None
+    tenant: str | None = None
+    """The client key's capture id (a keyed hash), when the key is a configured one."""
     backend: str | None = None
     failovers: int = 0
     status: int = 500
     meter: StreamMeter | None = None
     end: float | None = None
-    error: dict[str, object] | None = None
-    prefilled: bool = False
-    """The first content byte arrived (the backend's prompt is no longer waiting)."""
-    tenant: str | None = None
-    """The client key's capture id (a keyed hash), when the key is a configured one."""
+    error: Mapping[str, object] | None = None
+    _figures: StreamFigures | None = field(default=None, repr=False)
 
     @property
     def request_class(self) -> str:
         """The class label (``unknown`` before classification)."""
         return self.info.request_class if self.info is not None else "unknown"
 
+    def finish(self, state: RouterState) -> None:
+        """Metrics, policy feedback, goodput and capture for the finished request."""
+        end = self.end = self.end if self.end is not None else time.monotonic()
+        fig = self._figures = self.meter.figures(end) if self.meter is not None else None
+        e2e = end - self.arrival
+        ttft = fig.ttft if fig is not None else None
+        tpot = fig.tpot if fig is not None else None
+        prompt = fig.prompt_tokens if fig is not None else None
+        output = fig.completion_tokens if fig is not None else None
+        if self.error is None and fig is not None:
+            self.error = fig.error
+        policy = self.policy
+        backend = self.backend or "none"
+        state.metrics.request_done(
+            policy.name,
+            backend,
+            self.request_class,
+            self.status,
+            ttft=ttft,
+            tpot=tpot,
+            e2e=e2e,
+            prompt_tokens=prompt,
+            output_tokens=output,
+        )
+        info = self.info
+        if info is None:
+            return
+        ok = 200 <= self.status < 300 and self.error is None
+        outcome = Outcome(self.status, ok, prompt or 0, output or 0, ttft, e2e, tpot)
+        # Also when no backend served: a policy may hold state for the request it chose for.
+        try:
+            policy.on_finish(info, backend, outcome)
+        except Exception:  # feedback must not break the request's other bookkeeping
+            log.exception("policy %s failed in on_finish", policy.name)
+        targets = state.slo.get(policy.name)
+        if targets is not None:
+            met = targets[info.request_class].met(outcome)
+            state.metrics.slo(policy.name, info.request_class, met)
+        if state.capture is not None:
+            state.capture.record(self)
 
-def bookkeeping(request: web.Request, state: RouterState, rec: Record) -> None:
-    """Metrics, policy feedback and capture for a finished request (synchronous)."""
-    end = rec.end if rec.end is not None else time.monotonic()
-    fig = rec.meter.figures(end) if rec.meter is not None else None
-    e2e = end - rec.arrival
-    ttft = fig.ttft if fig is not None else None
-    tpot = fig.tpot if fig is not None else None
-    prompt = fig.prompt_tokens if fig is not None else None
-    output = fig.completion_tokens if fig is not None else None
-    backend = rec.backend or "none"
-    state.metrics.request_done(
-        rec.policy,
-        backend,
-        rec.request_class,
-        rec.status,
-        ttft=ttft,
-        tpot=tpot,
-        e2e=e2e,
-        prompt_tokens=prompt,
-        output_tokens=output,
-    )
-    info = rec.info
-    if info is None:
-        return
-    ok = 200 <= rec.status < 300 and rec.error is None
-    outcome = Outcome(rec.status, ok, prompt or 0, output or 0, ttft, e2e, tpot)
-    # Also when no backend served: a policy may hold state for the request it chose for.
-    try:
-        state.policies[rec.policy].on_finish(info, backend, outcome)
-    except Exception:  # feedback must not break the request's other bookkeeping
-        log.exception("policy %s failed in on_finish", rec.policy)
-    targets = state.slo.get(rec.policy)
-    if targets is not None:
-        state.metrics.slo(rec.policy, info.request_class, targets[info.request_class].met(outcome))
-    if state.capture is not None:
-        error = rec.error if rec.error is not None else (fig.error if fig is not None else None)
-        state.capture.record(
-            CaptureEntry(
-                request_id=rec.request_id,
-                url=request.path,
-                body=rec.body,
-                headers=request.headers,
-                arrival=rec.arrival,
-                arrival_wall=rec.arrival_wall,
-                policy=rec.policy,
-                request_class=info.request_class,
-                backend=rec.backend,
-                failovers=rec.failovers,
-                status=rec.status,
-                stream=info.stream,
+    def capture_record(self, t0: float) -> CaptureRecord:
+        """The request as a capture line's record, before redaction (offsets from ``t0``)."""
+        fig, info = self._figures, self.info
+        return CaptureRecord(
+            custom_id=self.request_id,
+            url=self.path,
+            body=self.doc if self.doc is not None else {},
+            t_offset_ms=(self.arrival - t0) * 1000.0,
+            ts=iso_utc(self.arrival_wall),
+            headers=self.headers,
+            route=Route(
+                self.policy.name, self.request_class, self.backend, self.failovers, self.tenant
+            ),
+            resp=Response(
+                status=self.status,
+                stream=info.stream if info is not None else False,
                 finish_reason=fig.finish_reason if fig is not None else None,
-                prompt_tokens=prompt,
-                completion_tokens=output,
-                error=error,
-                ttft_s=ttft,
-                tpot_s=tpot,
-                e2e_s=e2e,
-                tenant=rec.tenant,
-            )
+                prompt_tokens=fig.prompt_tokens if fig is not None else None,
+                completion_tokens=fig.completion_tokens if fig is not None else None,
+                error=self.error,
+            ),
+            obs=Observed(
+                ttft_ms=_ms(fig.ttft if fig is not None else None),
+                tpot_ms=_ms(fig.tpot if fig is not None else None),
+                e2e_ms=_ms(None if self.end is None else self.end - self.arrival),
+            ),
         )

@@ -14,16 +14,17 @@ import uuid
 
 from aiohttp import web
 
+from common.sse import StreamMeter
 from policies.base import Policy
 from policies.types import Endpoint
 from router.control.admission import Saturated
 from router.control.auth import Lease, Tenant
 from router.control.classify import Parsed, classify, parse_body
 from router.proxy.body import upstream_body
-from router.proxy.exchange import Record, bookkeeping
+from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, relay
 from router.proxy.state import RouterState
-from router.proxy.upstream import Opened, Target, UpstreamFailed, open_upstream
+from router.proxy.upstream import Opened, Target, UpstreamFailed, downstream_headers, open_upstream
 from router.server.errors import RouterError, error_response
 from router.server.site import read_body
 
@@ -38,21 +39,23 @@ log = logging.getLogger("router")
 async def handle(
     request: web.Request, state: RouterState, endpoint: Endpoint
 ) -> web.StreamResponse:
-    """Serve one OpenAI request end to end."""
+    """Serve one OpenAI request end to end; the only writer of its :class:`Exchange`."""
     now = time.monotonic()
     rid = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex}"
-    rec = Record(rid, now, time.time(), state.config.default_policy)
-    extra = {"X-Request-Id": rid, "X-Switchyard-Policy": rec.policy}
+    default = state.policies[state.config.default_policy]
+    ex = Exchange(rid, request.path, request.headers, now, time.time(), default)
+    extra = {"X-Request-Id": rid, "X-Switchyard-Policy": default.name}
     opened: Opened | None = None
     lease: Lease | None = None
     try:
         tenant = state.gate.identify(request.headers)
-        rec.tenant = tenant.capture_id if tenant is not None else None
-        policy = _policy(request, state, tenant)
-        rec.policy = extra["X-Switchyard-Policy"] = policy.name
-        rec.body = await read_body(request, state.config.listen.max_body_bytes, state.config.limits)
+        ex.tenant = tenant.capture_id if tenant is not None else None
+        ex.policy = policy = _policy(request, state, tenant)
+        extra["X-Switchyard-Policy"] = policy.name
+        ex.body = await read_body(request, state.config.listen.max_body_bytes, state.config.limits)
+        ex.doc = doc = parse_body(ex.body, endpoint)
         parsed = classify(
-            parse_body(rec.body, endpoint),
+            doc,
             endpoint,
             request_id=rid,
             header_class=request.headers.get("X-Request-Class"),
@@ -60,69 +63,69 @@ async def handle(
             session_key=request.headers.get("X-Session-Id"),
             settings=state.config.classification,
         )
-        rec.info = info = parsed.info
+        ex.info = info = parsed.info
         extra["X-Switchyard-Class"] = info.request_class
         lease = state.gate.admit(tenant, info)
         targets = await state.admission.admit(
-            info.request_class, lambda: _plan(state, policy, parsed, rec.body, endpoint)
+            info.request_class, lambda: _plan(state, policy, parsed, ex.body, endpoint)
         )
-        state.shadows.mirror(policy.name, parsed, rec.body, PATHS, state.client, state.policies)
+        state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, state.policies)
+        timeouts = state.config.timeouts_for(info.request_class)
         opened = await open_upstream(
             state.connections,
             targets,
             req=info,
             headers=request.headers,
-            timeouts=state.config.timeouts_for(info.request_class),
+            timeouts=timeouts,
             failover=state.config.failover,
             on_failover=lambda name: state.metrics.failover(policy.name, name),
         )
-        rec.backend = extra["X-Switchyard-Backend"] = opened.target.backend.name
-        rec.failovers = opened.failovers
-        strip = _router_asks_usage(parsed)
-        idle = state.config.timeouts_for(info.request_class).idle
-        return await relay(
-            request,
-            opened,
-            extra,
-            rec,
-            strip_usage=strip,
-            idle=idle,
-            on_abort=lambda: state.metrics.stream_aborted(
-                rec.policy, extra["X-Switchyard-Backend"], rec.request_class
-            ),
-        )
+        ex.backend = extra["X-Switchyard-Backend"] = opened.target.backend.name
+        ex.failovers = opened.failovers
+        # TPOT comes from the usage figures, so the meter stops looking for content after the
+        # first token (see common/sse.py).
+        ex.meter = StreamMeter(now, strip_usage=_router_asks_usage(parsed), track_gaps=False)
+        headers = downstream_headers(opened.head.headers, extra)
+        relayed = await relay(request, opened, headers, ex.meter, idle=timeouts.idle)
+        ex.status, ex.end = relayed.status, relayed.end
+        if relayed.stalled:
+            opened.lease.failed()  # a stalled engine counts toward ejection
+        if relayed.error is not None:
+            ex.error = {"message": relayed.error, "code": "upstream_error"}
+            state.metrics.stream_aborted(policy.name, ex.backend, info.request_class)
+        return relayed.response
     except RouterError as exc:
-        rec.status = exc.status
-        rec.error = {"message": exc.message, "code": exc.code}
+        ex.status = exc.status
+        ex.error = {"message": exc.message, "code": exc.code}
         return error_response(exc, extra)
     except UpstreamFailed as exc:
-        rec.failovers = exc.failovers
-        rec.backend = extra["X-Switchyard-Backend"] = exc.last.backend
-        return _failed(exc, extra, rec)
+        ex.failovers = exc.failovers
+        ex.backend = extra["X-Switchyard-Backend"] = exc.last.backend
+        return _failed(exc, extra, ex)
     except asyncio.CancelledError:  # handler_cancellation: the client went away
-        meter = rec.meter
+        meter = ex.meter
         if meter is not None and meter.done:
             # ...after [DONE] had been passed on: the stream was served whole.
-            rec.end = meter.last_event
+            ex.status, ex.end = opened.head.status if opened else 200, meter.last_event
         else:
-            rec.status = CLIENT_CLOSED
+            ex.status = CLIENT_CLOSED
         raise
     except Exception:
-        rec.status = 500
+        ex.status = 500
         if opened is not None:
             raise  # bytes may be out already; aiohttp drops the connection
         log.exception("request %s failed inside the router", rid)
         return error_response(RouterError(500, "internal router error", code="internal"), extra)
     finally:
-        if opened is not None and rec.info is not None:
+        if opened is not None:
             # Kept for reuse only if read to the end; else closed, which frees the engine's
             # slot at once (a client that went away mid-stream).
             state.connections.release(opened.conn)
-            opened.target.backend.finish(rec.info, prefilled=rec.prefilled)
+            opened.lease.release()
         state.admission.release()  # a slot may have freed up (here or in a failed attempt)
         if lease is not None:
-            lease.release(rec.meter)
-        bookkeeping(request, state, rec)
+            lease.release(_used_tokens(ex.meter))
+        ex.finish(state)
 
 
 def _policy(request: web.Request, state: RouterState, tenant: Tenant | None) -> Policy:
@@ -179,17 +182,25 @@ def _plan(
     if not targets:
         if saturated:
             raise Saturated()
-        raise RouterError(503, f"policy '{policy.name}' found no backend", code="no_backend")
+        why = f": {decision.empty_reason}" if decision.empty_reason else ""
+        raise RouterError(503, f"policy '{policy.name}' found no backend{why}", code="no_backend")
     return targets
 
 
-def _failed(exc: UpstreamFailed, extra: dict[str, str], rec: Record) -> web.Response:
+def _used_tokens(meter: StreamMeter | None) -> int | None:
+    """Tokens the engine reported using, when it reported them."""
+    if meter is None or meter.completion_tokens is None:
+        return None
+    return (meter.prompt_tokens or 0) + meter.completion_tokens
+
+
+def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> web.Response:
     """Every attempt failed: pass the last answer through, or say 502/504."""
     last = exc.last
-    rec.end = time.monotonic()
+    ex.end = time.monotonic()
     if last.status is not None:
-        rec.status = last.status
-        rec.error = {"message": last.message, "code": "upstream_error"}
+        ex.status = last.status
+        ex.error = {"message": last.message, "code": "upstream_error"}
         return web.Response(
             status=last.status,
             body=last.body or b"",
@@ -198,6 +209,6 @@ def _failed(exc: UpstreamFailed, extra: dict[str, str], rec: Record) -> web.Resp
     status = 504 if last.timeout else 502
     code = "upstream_timeout" if last.timeout else "upstream_unreachable"
     err = RouterError(status, last.message, code=code)
-    rec.status = status
-    rec.error = {"message": last.message, "code": code}
+    ex.status = status
+    ex.error = {"message": last.message, "code": code}
     return error_response(err, extra)

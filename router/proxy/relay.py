@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from common.sse import StreamMeter
 from router.proxy.connection import Connection, UpstreamError
-from router.proxy.exchange import Record
-from router.proxy.upstream import Opened, downstream_headers
+from router.proxy.upstream import Opened
 from router.server.errors import RouterError, sse_error_event
-from router.server.site import GuardedHandler
+from router.server.site import flow_control
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
 
@@ -86,20 +87,35 @@ class IdleWatch:
         self._handle.cancel()
 
 
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """What the relay saw; the handler writes it into the request's record."""
+
+    response: web.StreamResponse
+    status: int
+    """The status the client got (:data:`CLIENT_CLOSED` when it left mid-answer)."""
+    end: float | None
+    """When the answer ended (None if the client left first)."""
+    error: str | None = None
+    """Why a stream broke off after bytes reached the client (it got an SSE error event)."""
+    stalled: bool = False
+    """The upstream sent nothing for the idle timeout (the backend's fault)."""
+
+
 async def relay(
     request: web.Request,
     opened: Opened,
-    extra: dict[str, str],
-    rec: Record,
+    headers: CIMultiDict[str],
+    meter: StreamMeter,
     *,
-    strip_usage: bool,
     idle: float | None,
-    on_abort: Callable[[], None],
-) -> web.StreamResponse:
-    """Answer the client with the upstream's response; ``on_abort`` counts a broken stream."""
+) -> Relayed:
+    """Answer the client with the upstream's response, feeding ``meter`` as bytes pass.
+
+    The first content of a stream marks the backend's lease prefilled (the TTFT predictor
+    wants to know at once); everything else is returned for the handler to record.
+    """
     conn, head = opened.conn, opened.head
-    headers = downstream_headers(head.headers, extra)
-    rec.status = head.status
     if not head.headers.get("Content-Type", "").startswith("text/event-stream"):
         try:
             body = await conn.read()
@@ -110,33 +126,19 @@ async def relay(
                 f"upstream answer broke off: {exc}",
                 code="upstream_timeout" if timeout else "upstream_error",
             ) from None
-        rec.end = time.monotonic()
-        rec.meter = StreamMeter(rec.arrival)
-        rec.meter.feed_body(body, rec.end)
-        return web.Response(status=head.status, body=body, headers=headers)
+        end = time.monotonic()
+        meter.feed_body(body, end)
+        answer = web.Response(status=head.status, body=body, headers=headers)
+        return Relayed(answer, head.status, end)
     out = web.StreamResponse(status=head.status, headers=headers)
     await out.prepare(request)  # aiohttp writes the head now; the chunks below are ours
     transport = request.transport
     if transport is None:  # the client left while the head was being written
-        rec.status = CLIENT_CLOSED
-        return out
-    # TPOT comes from the usage figures, so the meter stops looking for content after the
-    # first token (see common/sse.py).
-    meter = rec.meter = StreamMeter(rec.arrival, strip_usage=strip_usage, track_gaps=False)
-    backend, info = opened.target.backend, rec.info
-
-    def first_content() -> None:
-        rec.prefilled = True
-        if info is not None:
-            backend.prefilled(info)
-
-    forward = Forward(transport, meter, first_content)
+        return Relayed(out, CLIENT_CLOSED, None)
+    forward = Forward(transport, meter, opened.lease.prefilled)
     watch = IdleWatch(conn, forward, idle) if idle else None
-    protocol = request.protocol
-    if isinstance(protocol, GuardedHandler):  # the router's server always runs this one
-        protocol.on_writable = lambda writable: conn.resume() if writable else conn.pause()
-        if protocol.writing_paused:
-            conn.pause()
+    flow = flow_control(request)
+    flow.attach(conn.pause, conn.resume)
     broken: str | None = None
     try:
         conn.stream(forward)
@@ -144,24 +146,20 @@ async def relay(
             await conn.finished()
         except UpstreamError as exc:
             broken = str(exc)
-        rec.end = time.monotonic()
+        end = time.monotonic()
         tail = meter.flush()  # an unterminated last event held back while stripping usage
         if tail:
             forward.write(tail)
-        if watch is not None and watch.fired:
-            backend.request_failed()  # a stalled engine counts toward ejection
-        if broken is not None or not meter.done:
+        if broken is None and not meter.done:
+            broken = "upstream stream ended before [DONE]"
+        if broken is not None:
             # Bytes already reached the client, so no retry: end its stream with an error.
-            message = broken or "upstream stream ended before [DONE]"
-            rec.error = {"message": message, "code": "upstream_error"}
-            on_abort()
-            forward.write(sse_error_event(message))
+            forward.write(sse_error_event(broken))
         await out.write_eof()
     except ConnectionResetError:
-        rec.status = CLIENT_CLOSED
+        return Relayed(out, CLIENT_CLOSED, None)
     finally:
-        if isinstance(protocol, GuardedHandler):
-            protocol.on_writable = None
+        flow.detach()
         if watch is not None:
             watch.cancel()
-    return out
+    return Relayed(out, head.status, end, broken, stalled=watch is not None and watch.fired)

@@ -1,4 +1,4 @@
-"""The live objects one router process works with."""
+"""The live objects one router app works with."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import aiohttp
 
 from policies.base import Policy
 from router.backends.pool import Pool
-from router.config.parse import RouterConfig
+from router.config.model import RouterConfig
 from router.control.admission import Admission
 from router.control.auth import Gate
 from router.control.slo import SloTable
@@ -22,9 +22,8 @@ from router.proxy.shadow import Shadows
 class RouterState:
     """Everything a request handler needs; one per app, never module-level.
 
-    ``session``, ``upstreams`` and ``capture`` exist only between the app's startup and
-    cleanup phases. ``upstreams`` carries the proxied requests (router.proxy.connection);
-    ``session`` the router's own calls (health probes, scrapes, shadow mirrors).
+    The I/O objects (:attr:`session`, :attr:`connections`, :attr:`capture`) exist only
+    between the app's startup and cleanup phases (:meth:`started`, :meth:`stopped`).
     """
 
     config: RouterConfig
@@ -36,18 +35,34 @@ class RouterState:
     admission: Admission
     shadows: Shadows
     slo: SloTable = field(default_factory=dict)
-    session: aiohttp.ClientSession | None = None
-    upstreams: ConnectionPool | None = None
     capture: CaptureWriter | None = None
+    """The capture writer, when the config captures."""
+    _session: aiohttp.ClientSession | None = None
+    _connections: ConnectionPool | None = None
 
     @property
-    def client(self) -> aiohttp.ClientSession:
-        if self.session is None:
+    def session(self) -> aiohttp.ClientSession:
+        """The router's own HTTP calls: health probes, scrapes, shadow mirrors."""
+        if self._session is None:
             raise RuntimeError("the router app has not been started")
-        return self.session
+        return self._session
 
     @property
     def connections(self) -> ConnectionPool:
-        if self.upstreams is None:
+        """Keep-alive connections that carry the proxied requests (router.proxy.connection)."""
+        if self._connections is None:
             raise RuntimeError("the router app has not been started")
-        return self.upstreams
+        return self._connections
+
+    def started(
+        self,
+        session: aiohttp.ClientSession,
+        connections: ConnectionPool,
+        capture: CaptureWriter | None,
+    ) -> None:
+        """The app's startup phase opened its I/O objects."""
+        self._session, self._connections, self.capture = session, connections, capture
+
+    def stopped(self) -> None:
+        """The app's cleanup phase closed them."""
+        self._session = self._connections = self.capture = None

@@ -16,8 +16,8 @@ from multidict import CIMultiDict
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from policies.types import RequestInfo
-from router.backends.pool import BackendState
-from router.config.parse import ClassTimeouts, FailoverSettings
+from router.backends.pool import BackendLease, BackendState
+from router.config.model import ClassTimeouts, FailoverSettings
 from router.proxy.connection import (
     Connection,
     ConnectionPool,
@@ -133,12 +133,14 @@ class AttemptFailed(Exception):
 class Opened:
     """An upstream that answered with headers (any status below 500 other than 429).
 
-    The caller owns ``conn`` from here and must hand it back with ``ConnectionPool.release``.
+    The caller owns ``conn`` and ``lease`` from here: it hands ``conn`` back with
+    ``ConnectionPool.release`` and releases ``lease`` when the answer is over.
     """
 
     target: Target
     conn: Connection
     head: ResponseHead
+    lease: BackendLease
     failovers: int
 
 
@@ -163,12 +165,11 @@ async def open_upstream(
 ) -> Opened:
     """Send to ``targets`` in order until one answers; see the module docstring.
 
-    Each attempt counts in its backend's in-flight figures while it is open; the returned
-    backend stays counted until the caller calls ``backend.finish(req)``.
+    Each attempt holds a lease on its backend's in-flight figures while it is open; a failed
+    attempt's lease is released here, the answering one's is the caller's (:class:`Opened`).
     """
     try:  # the common case, without the retry machinery's per-request cost
-        conn, head = await _attempt(connections, targets[0], req, headers, timeouts)
-        return Opened(targets[0], conn, head, 0)
+        return await _attempt(connections, targets[0], req, headers, timeouts, 0)
     except AttemptFailed as exc:
         attempts = min(failover.max_attempts, len(targets))
         if attempts < 2:
@@ -188,8 +189,7 @@ async def open_upstream(
                     on_failover(targets[index - 1].backend.name)
                 target = targets[index]
                 index += 1
-                conn, head = await _attempt(connections, target, req, headers, timeouts)
-                return Opened(target, conn, head, index - 1)
+                return await _attempt(connections, target, req, headers, timeouts, index - 1)
     except AttemptFailed as exc:
         raise UpstreamFailed(exc.failure, index - 1) from None
     raise AssertionError("unreachable: tenacity either returns or re-raises")
@@ -201,13 +201,14 @@ async def _attempt(
     req: RequestInfo,
     client_headers: Mapping[str, str],
     timeouts: ClassTimeouts,
-) -> tuple[Connection, ResponseHead]:
+    failovers: int,
+) -> Opened:
     backend = target.backend
     origin, path = split_url(target.url)
     headers = upstream_headers(client_headers, req.request_id, backend.api_key)
     request = request_head(origin, path, headers, len(target.body))
     first_byte = timeouts.first_byte if req.stream else None
-    backend.start(req)
+    lease = backend.lease(req)
     try:
         async with asyncio.timeout(first_byte):
             conn, head = await connections.request(
@@ -218,15 +219,15 @@ async def _attempt(
                 deadline=timeouts.total,
             )
     except (TimeoutError, UpstreamError) as exc:
-        backend.finish(req)
-        backend.request_failed()
+        lease.release()
+        lease.failed()
         if isinstance(exc, TimeoutError):
             failure = Failure(backend.name, f"backend {backend.name} timed out", timeout=True)
         else:
             failure = Failure(backend.name, f"backend {backend.name} unreachable: {exc}")
         raise AttemptFailed(failure) from None
     except BaseException:
-        backend.finish(req)
+        lease.release()
         raise
     if head.status >= 500 or head.status == 429:
         try:
@@ -236,9 +237,9 @@ async def _attempt(
             body = b""
         finally:
             connections.release(conn)
-            backend.finish(req)
+            lease.release()
         if head.status >= 500:
-            backend.request_failed()
+            lease.failed()
         raise AttemptFailed(
             Failure(
                 backend.name,
@@ -248,5 +249,5 @@ async def _attempt(
                 content_type=head.headers.get("Content-Type"),
             )
         )
-    backend.request_ok()
-    return conn, head
+    lease.ok()
+    return Opened(target, conn, head, lease, failovers)

@@ -98,10 +98,51 @@ class _Open:
         self.count = 0
 
 
+class FlowControl:
+    """The client socket's writability, for a producer that writes around aiohttp's writer.
+
+    A stream relayed straight to the transport (router.proxy.relay) attaches its pause and
+    resume callbacks; they are called when the client's socket buffer fills and drains.
+    """
+
+    __slots__ = ("_pause", "_resume", "paused")
+
+    def __init__(self) -> None:
+        self.paused = False
+        self._pause: Callable[[], None] | None = None
+        self._resume: Callable[[], None] | None = None
+
+    def attach(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        """Route writability changes to ``pause``/``resume`` (paused now: ``pause`` at once)."""
+        self._pause, self._resume = pause, resume
+        if self.paused:
+            pause()
+
+    def detach(self) -> None:
+        self._pause = self._resume = None
+
+    def changed(self, paused: bool) -> None:
+        """Called by the connection's protocol when writing pauses or resumes."""
+        self.paused = paused
+        callback = self._pause if paused else self._resume
+        if callback is not None:
+            callback()
+
+
+def flow_control(request: BaseRequest) -> FlowControl:
+    """The flow control of the connection ``request`` arrived on.
+
+    A connection not served by :class:`GuardedHandler` (none in the router's own server) gets
+    one that never pauses.
+    """
+    protocol = request.protocol
+    return protocol.flow if isinstance(protocol, GuardedHandler) else FlowControl()
+
+
 class GuardedHandler(RequestHandler):
     """aiohttp's connection handler with JSON errors and a stalled-reader timeout."""
 
-    __slots__ = ("_open", "_stall", "_write_timeout", "on_writable")
+    __slots__ = ("_open", "_stall", "_write_timeout", "flow")
 
     def __init__(
         self, manager: Server, *, opened: _Open, write_timeout: float, **kwargs: Any
@@ -110,9 +151,7 @@ class GuardedHandler(RequestHandler):
         self._open = opened
         self._write_timeout = write_timeout
         self._stall: asyncio.TimerHandle | None = None
-        self.on_writable: Callable[[bool], None] | None = None
-        """Told when the client's socket buffer fills (False) and drains (True): a stream
-        relayed outside aiohttp's writer (router.proxy.relay) pauses its upstream meanwhile."""
+        self.flow = FlowControl()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._open.count += 1
@@ -128,16 +167,14 @@ class GuardedHandler(RequestHandler):
     def pause_writing(self) -> None:
         super().pause_writing()
         self._stall = self._loop.call_later(self._write_timeout, self._disconnect)
-        if self.on_writable is not None:
-            self.on_writable(False)
+        self.flow.changed(True)
 
     def resume_writing(self) -> None:
         if self._stall is not None:
             self._stall.cancel()
             self._stall = None
         super().resume_writing()
-        if self.on_writable is not None:
-            self.on_writable(True)
+        self.flow.changed(False)
 
     def _disconnect(self) -> None:
         self._stall = None

@@ -25,5 +25,5 @@ def test_a_newer_version_is_refused_with_its_number() -> None:
 
 @pytest.mark.parametrize("v", [b'"1"', b"0", b"-2", b"true", b"1.5"])
 def test_a_malformed_version_is_refused(v: bytes) -> None:
-    with pytest.raises(CaptureFormatError, match="^v: "):
+    with pytest.raises(CaptureFormatError, match=r"^v: "):
         parse_line(b'{"custom_id":"a","url":"/v1/x","body":{},"v":%b}' % v)

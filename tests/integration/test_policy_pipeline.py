@@ -60,9 +60,6 @@ def test_emptied_set_is_a_503_counted_against_the_filter(served: tuple[Reply, Re
     assert f'{scorer},policy="split"}} 1.0' in text
 
 
-@pytest.mark.xfail(
-    strict=True, reason="router/proxy/handler.py does not yet add Decision.empty_reason"
-)
 def test_the_503_names_the_filter(served: tuple[Reply, Reply, str]) -> None:
     interactive, _, _ = served
     assert interactive.json()["error"]["message"] == (

@@ -10,15 +10,19 @@ import sys
 import textwrap
 import time
 import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
-from common.capture import parse_line
+from common.capture import CaptureRecord, Observed, Response, Route, iso_utc, parse_line
 from common.tokens import count_chat
-from router.config.parse import CaptureSettings
-from router.observe.capture import CaptureEntry, CaptureWriter, hash_text, redact
+from router.config.model import CaptureSettings
+from router.observe.capture import CaptureWriter
+from router.observe.redact import hash_text, redact
 
 _BODY = {
     "model": "m",
@@ -31,36 +35,36 @@ _BODY = {
 }
 
 
-def _entry(rid: str, **kw: object) -> CaptureEntry:
-    base: dict[str, object] = {
-        "request_id": rid,
-        "url": "/v1/chat/completions",
-        "body": orjson.dumps(_BODY),
-        "headers": {
-            "Authorization": "Bearer sk-secret",
-            "Cookie": "a=b",
-            "X-Request-Class": "interactive",
-            "User-Agent": "t",
-            "X-Other": "no",
-        },
-        "arrival": time.monotonic(),
-        "arrival_wall": time.time(),
-        "policy": "adaptive",
-        "request_class": "interactive",
-        "backend": "vllm",
-        "failovers": 0,
-        "status": 200,
-        "stream": True,
-        "finish_reason": "length",
-        "prompt_tokens": None,
-        "completion_tokens": 5,
-        "error": None,
-        "ttft_s": 0.1,
-        "tpot_s": 0.01,
-        "e2e_s": 0.15,
-    }
-    base.update(kw)
-    return CaptureEntry(**base)  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class _Finished:
+    """A finished request as the writer sees it (the router's is router.proxy.exchange)."""
+
+    request_id: str
+    arrival: float
+    body: Mapping[str, Any]
+
+    def capture_record(self, t0: float) -> CaptureRecord:
+        return CaptureRecord(
+            custom_id=self.request_id,
+            url="/v1/chat/completions",
+            body=self.body,
+            t_offset_ms=(self.arrival - t0) * 1000.0,
+            ts=iso_utc(time.time()),
+            headers={
+                "Authorization": "Bearer sk-secret",
+                "Cookie": "a=b",
+                "X-Request-Class": "interactive",
+                "User-Agent": "t",
+                "X-Other": "no",
+            },
+            route=Route("adaptive", "interactive", "vllm", 0),
+            resp=Response(200, True, "length", None, 5, None),
+            obs=Observed(ttft_ms=100.0, tpot_ms=10.0, e2e_ms=150.0),
+        )
+
+
+def _entry(rid: str, body: Mapping[str, Any] = _BODY) -> _Finished:
+    return _Finished(rid, time.monotonic(), body)
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -166,7 +170,7 @@ _KILL_SCRIPT = textwrap.dedent(
     import asyncio, sys, time
     sys.path.insert(0, {root!r})
     from router.observe.capture import CaptureWriter
-    from router.config.parse import CaptureSettings
+    from router.config.model import CaptureSettings
     from tests.replay.test_capture_writer import _entry
 
     async def main() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from policies.types import EngineLoad, RequestInfo
 from router.backends.pool import Pool
-from router.config.parse import BackendSpec, HealthSettings
+from router.config.model import BackendSpec, HealthSettings
 
 HEALTH = HealthSettings(failures_to_eject=2, cooldown=10.0)
 
@@ -30,12 +30,19 @@ def pool(clock: FakeClock) -> Pool:
 def test_passive_ejection_and_cooldown() -> None:
     clock = FakeClock()
     a = pool(clock).by_name["a"]
-    a.request_failed()
+    req = RequestInfo("r", "chat", "m1", "interactive", prompt_tokens=1)
+
+    def attempt(ok: bool) -> None:
+        lease = a.lease(req)
+        lease.release()
+        lease.ok() if ok else lease.failed()
+
+    attempt(False)
     assert a.healthy
-    a.request_ok()
-    a.request_failed()
+    attempt(True)
+    attempt(False)
     assert a.healthy  # a success in between resets the run
-    a.request_failed()
+    attempt(False)
     assert not a.healthy
     clock.now += 9.9
     assert not a.healthy
@@ -56,13 +63,18 @@ def test_probe_failures_mark_down_and_one_success_up() -> None:
 def test_inflight_and_outstanding_tokens() -> None:
     a = pool(FakeClock()).by_name["a"]
     req = RequestInfo("r", "chat", "m1", "interactive", prompt_tokens=30, max_tokens=10)
-    a.start(req)
-    a.start(req)
+    first, second = a.lease(req), a.lease(req)
     c = a.candidate()
     assert (c.inflight, c.outstanding_prompt_tokens, c.outstanding_output_tokens) == (2, 60, 20)
-    a.finish(req)
-    a.finish(req)
-    assert a.candidate().outstanding_tokens == 0
+    first.prefilled()  # its prompt no longer waits for prefill
+    first.prefilled()
+    assert a.candidate().outstanding_prompt_tokens == 30
+    first.release()
+    first.release()  # a lease releases once, however often it is told
+    c = a.candidate()
+    assert (c.inflight, c.outstanding_prompt_tokens, c.outstanding_output_tokens) == (1, 30, 10)
+    second.release()
+    assert a.candidate().outstanding_tokens == 0 and a.candidate().inflight == 0
 
 
 def test_models_and_aliases() -> None:
