@@ -115,6 +115,13 @@ def test_cli_drop_after_and_stall() -> None:
         assert time.monotonic() - start >= 0.2
 
 
+def _await_metric(emu: Emulator, name: str, value: float, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (got := _metric(emu, name)) != value:
+        assert time.monotonic() < deadline, f"{name} is {got}, not {value}, after {timeout} s"
+        time.sleep(0.01)
+
+
 def test_max_waiting_rejects_with_503() -> None:
     args = ["--max-waiting", "1", "--set", "max_num_seqs=1", "--set", "ranks=1"]
     with start_emulator("vllm", time_scale=1, args=args) as emu:
@@ -122,16 +129,17 @@ def test_max_waiting_rejects_with_503() -> None:
         results: list[object] = []
 
         def long_request() -> None:
-            try:
-                results.append(_chat(client, max_tokens=400))
+            try:  # about a second each: the third request finds the first still running
+                results.append(_chat(client, max_tokens=80))
             except openai.APIError as exc:
                 results.append(exc)
 
         threads = [threading.Thread(target=long_request) for _ in range(2)]
-        for t in threads:
-            t.start()
-            time.sleep(0.3)  # one running, then one waiting
-        assert _metric(emu, "vllm:num_requests_waiting") == 1
+        threads[0].start()
+        _await_metric(emu, "vllm:num_requests_running", 1)  # one running,
+        threads[1].start()
+        _await_metric(emu, "vllm:num_requests_waiting", 1)  # then one waiting
+        assert _metric(emu, "vllm:num_requests_running") == 1
         with pytest.raises(openai.APIStatusError) as info:
             _chat(client)
         assert info.value.status_code == 503

@@ -133,8 +133,13 @@ def stalling_upstream(stall: float) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
     finally:
+        # close() alone does not wake a thread blocked in accept() (Linux): the join then
+        # waited its whole 5 s. shutdown() makes that accept() fail at once.
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)
         server.close()
         thread.join(5)
+        assert not thread.is_alive()
 
 
 def test_a_stream_stalling_past_the_idle_timeout_counts_toward_ejection(tmp_path: Path) -> None:
