@@ -1,0 +1,134 @@
+"""An in-process fake engine and an in-process router, for fast tests of the request path.
+
+Both are real aiohttp servers on loopback sockets in the test's own event loop: the router
+app is built by ``router.app.build_app`` exactly as ``router serve`` builds it, only not in
+a separate process. The fake engine answers the routes the router's health monitor probes
+and a scripted chat endpoint whose streams can be held open until a test releases them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from router.app import build_app, listen_socket, serve
+from router.config.parse import load_config
+from tests.router.harness import write_config
+
+MODEL = "fake-model"
+
+
+@dataclass
+class FakeEngine:
+    """What the fake engine received, and a gate that holds every stream before its end."""
+
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    """Streams send their first token, then wait for this before finishing."""
+    streaming: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a stream has sent its first token."""
+
+    def __post_init__(self) -> None:
+        self.release.set()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        return app
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": "hi there"}
+            return web.json_response(
+                {
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "model": MODEL,
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": usage,
+                }
+            )
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+
+        async def event(doc: object) -> None:
+            await out.write(b"data: " + orjson.dumps(doc) + b"\n\n")
+
+        def chunk(delta: dict[str, str], finish: str | None = None) -> dict[str, object]:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            return {"id": "c1", "object": "chat.completion.chunk", "choices": [choice]}
+
+        await event(chunk({"role": "assistant", "content": "hi"}))
+        self.streaming.set()
+        await self.release.wait()
+        await event(chunk({"content": " there"}, "stop"))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await event(
+                {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+            )
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+
+@dataclass
+class InProcess:
+    """A running in-process router in front of a fake engine."""
+
+    app: web.Application
+    url: str
+    engine: FakeEngine
+    config_path: Path
+
+
+@contextlib.asynccontextmanager
+async def in_process_router(
+    tmp_path: Path, doc: dict[str, Any], engine: FakeEngine | None = None
+) -> AsyncIterator[InProcess]:
+    """Start a fake engine, write ``doc`` (its backends' url set to the engine) and serve it.
+
+    ``doc`` names its backends' ``url`` as ``"fake"``; each is pointed at the fake engine.
+    """
+    engine = engine if engine is not None else FakeEngine()
+    upstream = TestServer(engine.app(), host="127.0.0.1")
+    await upstream.start_server()
+    try:
+        url = str(upstream.make_url("")).rstrip("/")
+        for backend in doc["backends"]:
+            if backend.get("url") == "fake":
+                backend["url"] = url
+        path = write_config(tmp_path, doc)
+        app = build_app(load_config(path), config_path=path)
+        # The router's own server (guarded site, handler cancellation), as `router serve` runs.
+        served = await serve(app, listen_socket("127.0.0.1", 0))
+        try:
+            yield InProcess(app, served.url, engine, path)
+        finally:
+            await served.runner.cleanup()
+    finally:
+        await upstream.close()

@@ -1,0 +1,160 @@
+"""The request path in-process: handler, relay, exchange, lease and reload, against a fake engine.
+
+Real sockets on loopback, one event loop, no child processes: these run in milliseconds, so
+the handler's bookkeeping can be checked request by request. The end-to-end paths against
+real emulator processes stay in tests/integration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+
+from policies.types import BackendInfo, Candidate, Decision, Outcome, RequestInfo
+from router.app import RELOADER, STATE
+from tests.router.fake_upstream import MODEL, FakeEngine, InProcess, in_process_router
+from tests.router.harness import base_config, write_config
+
+CHAT = [{"role": "user", "content": "hello"}]
+
+
+class RecordingPolicy:
+    """Sends everything to the first candidate and remembers the outcomes it is fed."""
+
+    type = "recording"
+
+    def __init__(self, name: str, tag: object) -> None:
+        self.name = name
+        self.tag = tag
+        self.finished: list[tuple[str, int]] = []
+
+    def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
+        return Decision(tuple(c.name for c in candidates))
+
+    def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        self.finished.append((req.request_id, outcome.status))
+
+
+def make_recording(
+    name: str, params: dict[str, Any], backends: Sequence[BackendInfo]
+) -> RecordingPolicy:
+    """An out-of-tree policy factory (``tests.router.test_handler:make_recording``)."""
+    return RecordingPolicy(name, params.get("tag"))
+
+
+def config(**overrides: Any) -> dict[str, Any]:
+    doc = base_config([("fake", "vllm", "fake")], **overrides)
+    doc["health"]["scrape_metrics"] = False
+    return doc
+
+
+async def chat(
+    session: aiohttp.ClientSession, ip: InProcess, **body: Any
+) -> aiohttp.ClientResponse:
+    doc = {"model": MODEL, "messages": CHAT, **body}
+    return await session.post(f"{ip.url}/v1/chat/completions", data=orjson.dumps(doc))
+
+
+def backend_figures(ip: InProcess) -> tuple[int, int]:
+    backend = ip.app[STATE].pool.by_name["fake"]
+    return backend.inflight, backend.outstanding_prompt
+
+
+async def test_a_stream_is_relayed_and_the_usage_the_router_asked_for_is_stripped(
+    tmp_path: Path,
+) -> None:
+    async with in_process_router(tmp_path, config()) as ip:
+        client = openai.AsyncOpenAI(base_url=ip.url + "/v1", api_key="x", max_retries=0)
+        stream = await client.chat.completions.create(model=MODEL, messages=CHAT, stream=True)  # type: ignore[arg-type]
+        chunks = [c async for c in stream]
+        await client.close()
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == "hi there"
+        assert all(c.usage is None for c in chunks)  # the client did not ask for usage
+        assert ip.engine.bodies[0]["stream_options"] == {"include_usage": True}
+        await asyncio.sleep(0)  # the handler's finally runs right after the last chunk
+        assert backend_figures(ip) == (0, 0)
+        metrics = ip.app[STATE].metrics.render().decode()
+        assert 'switchyard_requests_total{backend="fake",class="interactive"' in metrics
+
+
+async def test_the_lease_counts_the_request_until_its_stream_ends(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    async with in_process_router(tmp_path, config(), engine) as ip, aiohttp.ClientSession() as s:
+        resp = await chat(s, ip, stream=True)
+        await asyncio.wait_for(engine.streaming.wait(), 5)
+        await resp.content.readuntil(b"\n\n")  # the first token reached the client
+        inflight, prompt = backend_figures(ip)
+        assert inflight == 1 and prompt == 0  # prefilled: its prompt no longer waits
+        engine.release.set()
+        assert b"[DONE]" in await resp.read()
+        assert resp.headers["X-Switchyard-Backend"] == "fake"
+        await asyncio.sleep(0)
+        assert backend_figures(ip) == (0, 0)
+
+
+async def test_a_client_that_leaves_mid_stream_frees_the_backend(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    async with in_process_router(tmp_path, config(), engine) as ip:
+        async with aiohttp.ClientSession() as s:
+            resp = await chat(s, ip, stream=True)
+            await resp.content.readuntil(b"\n\n")
+            assert backend_figures(ip)[0] == 1
+            resp.close()  # drops the connection
+        for _ in range(100):
+            if backend_figures(ip) == (0, 0):
+                break
+            await asyncio.sleep(0.01)
+        assert backend_figures(ip) == (0, 0)
+        metrics = ip.app[STATE].metrics.render().decode()
+        assert 'code="499"' in metrics
+        engine.release.set()
+
+
+async def test_an_in_flight_request_reports_to_the_policy_that_chose_even_after_a_reload(
+    tmp_path: Path,
+) -> None:
+    """Reload replaces a changed policy; the request it routed still feeds the old instance."""
+    doc = config(default_policy="rec")
+    doc["policies"]["rec"] = {
+        "type": "tests.router.test_handler:make_recording",
+        "params": {"tag": 1},
+    }
+    engine = FakeEngine()
+    engine.release.clear()
+    async with in_process_router(tmp_path, doc, engine) as ip, aiohttp.ClientSession() as s:
+        state = ip.app[STATE]
+        old = state.policies["rec"]
+        assert isinstance(old, RecordingPolicy)
+        resp = await chat(s, ip, stream=True)
+        await asyncio.wait_for(engine.streaming.wait(), 5)
+        doc["policies"]["rec"]["params"]["tag"] = 2
+        write_config(tmp_path, doc)
+        assert ip.app[RELOADER].reload() == []
+        new = state.policies["rec"]
+        assert isinstance(new, RecordingPolicy) and new is not old and new.tag == 2
+        engine.release.set()
+        await resp.read()
+        await asyncio.sleep(0)
+        assert [status for _, status in old.finished] == [200]
+        assert new.finished == []
+
+
+async def test_a_json_answer_is_passed_whole_with_the_routers_headers(tmp_path: Path) -> None:
+    async with in_process_router(tmp_path, config()) as ip, aiohttp.ClientSession() as s:
+        resp = await chat(s, ip, max_tokens=4)
+        doc = await resp.json()
+        assert resp.status == 200 and doc["choices"][0]["message"]["content"] == "hi there"
+        assert resp.headers["X-Switchyard-Class"] == "interactive"
+        assert resp.headers["X-Switchyard-Policy"] == "class-split"
+        assert "stream_options" not in ip.engine.bodies[0]
+        await asyncio.sleep(0)
+        assert backend_figures(ip) == (0, 0)
