@@ -114,6 +114,10 @@ class Connection(asyncio.Protocol):
         """Bytes received while the head is incomplete; -1 once it is complete."""
         self._done: asyncio.Future[None] | None = None
         self._pending: list[bytes] = []
+        """Body pieces the parser handed over while one received segment was parsed."""
+        self._body: list[bytes] = []
+        """Body received but not yet read or streamed: one piece per received segment."""
+        self._body_size = 0
         self._sink: Sink | None = None
         self.answered = False
         """The response's first byte has arrived."""
@@ -153,26 +157,34 @@ class Connection(asyncio.Protocol):
 
     async def read(self, limit: int | None = None) -> bytes:
         """The whole body (at most ``limit`` bytes; more closes the connection)."""
-        while not self._complete and (limit is None or sum(map(len, self._pending)) < limit):
+        while not self._complete and (limit is None or self._body_size < limit):
             if self._error is not None:
                 raise self._error
             self._done = self._loop.create_future()
             await self._done
         if self._error is not None and not self._complete:
             raise self._error
-        body = b"".join(self._pending)
-        self._pending = []
-        if limit is not None and len(body) > limit:
+        pieces = self._body
+        if limit is not None and self._body_size > limit:
             self.abort()
-            body = body[:limit]
+            # Cut the pieces rather than the joined body: one copy of the limit, not two.
+            excess = self._body_size - limit
+            while pieces and excess >= len(pieces[-1]):
+                excess -= len(pieces.pop())
+            if excess:
+                pieces[-1] = pieces[-1][:-excess]
+        body = b"".join(pieces)
+        self._body = []
+        self._body_size = 0
         return body
 
     def stream(self, sink: Sink) -> None:
         """From now on hand every received body piece to ``sink``, inside ``data_received``."""
         self._sink = sink
-        if self._pending:
-            data = b"".join(self._pending)
-            self._pending = []
+        if self._body:
+            data = b"".join(self._body)
+            self._body = []
+            self._body_size = 0
             sink(data)
 
     async def finished(self) -> None:
@@ -220,6 +232,8 @@ class Connection(asyncio.Protocol):
             mine = exc.__context__  # what one of the callbacks below raised, if any
             if not isinstance(mine, UpstreamError):
                 mine = UpstreamError(f"malformed response from backend: {exc}")
+            if self._complete:  # what broke came after the response: that is still whole
+                self._hand_over()
             self.abort(mine)
             return
         if self._head_bytes >= 0:  # the head is still incomplete after this segment
@@ -227,15 +241,8 @@ class Connection(asyncio.Protocol):
             if self._head_bytes > MAX_HEAD_BYTES:  # llhttp sets no bound of its own
                 self.abort(UpstreamError(f"response head exceeds {MAX_HEAD_BYTES} bytes"))
                 return
-        pending = self._pending
-        if pending:
-            sink = self._sink
-            if sink is not None:
-                # One write downstream per received segment, however many chunks it held.
-                self._pending = []
-                sink(pending[0] if len(pending) == 1 else b"".join(pending))
-            elif self._done is not None:
-                self._wake()  # a read() is waiting for more
+        if self._pending:
+            self._hand_over()
 
     def eof_received(self) -> bool | None:
         if self._body_to_eof and not self._complete:
@@ -288,6 +295,24 @@ class Connection(asyncio.Protocol):
         self._finish()
 
     # -- internals --------------------------------------------------------------------------
+
+    def _hand_over(self) -> None:
+        """Pass on the body pieces of the segment just parsed, as one piece.
+
+        One write downstream per received segment, however many chunks it held; or one list
+        entry for :meth:`read` (a backend sending one-byte chunks costs no object per byte).
+        """
+        pending = self._pending
+        self._pending = []
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        sink = self._sink
+        if sink is not None:
+            sink(data)
+            return
+        self._body.append(data)
+        self._body_size += len(data)
+        if self._done is not None:
+            self._wake()  # a read() is waiting for more
 
     def _finish(self) -> None:
         self._complete = True

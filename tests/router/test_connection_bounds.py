@@ -1,0 +1,50 @@
+"""What a backend's body may cost the router's HTTP client: bounded by the read limit, one
+piece per received segment however it is chunked."""
+
+from __future__ import annotations
+
+from contextlib import closing
+
+import pytest
+
+from router.proxy.connection import ConnectionPool
+from tests.router.rawserver import Backend, Peer, chunk, start
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _tiny_chunks(body: bytes) -> bytes:
+    return HEAD + b"".join(chunk(body[i : i + 1]) for i in range(len(body))) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize(("limit", "reused"), [(None, True), (2999, False), (7, False)])
+async def test_one_byte_chunks_read_to_the_limit(limit: int | None, reused: bool) -> None:
+    body = (bytes(range(256)) * 12)[:3000]  # 3000 chunks of one byte
+
+    async def script(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(_tiny_chunks(body))
+        await peer.client_gone()
+
+    async with Backend(script) as backend:
+        with closing(ConnectionPool()) as pool:
+            conn = await start(pool, backend.origin)
+            await conn.head()
+            assert await conn.read(limit) == body[:limit]
+            assert conn.reusable is reused
+            pool.release(conn)
+
+
+async def test_garbage_after_a_whole_response_keeps_its_body() -> None:
+    async def script(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(_tiny_chunks(b"whole") + b"garbage\r\n")
+        await peer.client_gone()
+
+    async with Backend(script) as backend:
+        with closing(ConnectionPool()) as pool:
+            conn = await start(pool, backend.origin)
+            await conn.head()
+            assert await conn.read() == b"whole"
+            assert not conn.reusable
+            pool.release(conn)
