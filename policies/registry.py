@@ -282,20 +282,30 @@ def build_policy(
     errors: ErrorList = []
     ctx = BuildContext(tuple(backends), NullObserver() if observer is None else observer)
     p = Params.of(params, "params", errors)
-    policy: object = None
+    policy: Policy | None = None
     if type in POLICY_TYPES:
         policy = POLICY_TYPES[type](name, p, ctx)
     elif ":" in type:
-        factory = _load_external(type, "type", errors)
-        if factory is not None:
-            try:
-                policy = factory(name, dict(p.raw), ctx.backends)
-            except (ValueError, TypeError) as exc:
-                errors.append(("params", str(exc)))
+        policy = _external_policy(name, type, p.raw, ctx, errors)
     else:
         errors.append(("type", f"unknown {type!r} (known: {', '.join(POLICY_TYPES)})"))
-        if policy is not None and not isinstance(policy, Policy):
-            errors.append(("type", f"{type!r} did not return a Policy"))
-    if errors or not isinstance(policy, Policy):
+    if errors or policy is None:  # every way to None records an error: never an empty list
         raise PolicyConfigError(errors)
     return policy
+
+
+def _external_policy(
+    name: str, ref: str, params: Mapping[str, object], ctx: BuildContext, errors: ErrorList
+) -> Policy | None:
+    factory = _load_external(ref, "type", errors)
+    if factory is None:
+        return None
+    try:
+        built = factory(name, dict(params), ctx.backends)
+    except (ValueError, TypeError) as exc:  # bad params, or a factory of the wrong shape
+        errors.append(("params", str(exc)))
+        return None
+    if not isinstance(built, Policy):
+        errors.append(("type", f"{ref!r} did not return a Policy"))
+        return None
+    return built

@@ -274,6 +274,7 @@ def plugin_module(monkeypatch: pytest.MonkeyPatch) -> str:
     module.whole = whole  # type: ignore[attr-defined]
     module.not_callable = 3  # type: ignore[attr-defined]
     module.wrong = lambda params, backends: "not a filter"  # type: ignore[attr-defined]
+    module.no_policy = lambda name, params, backends: object()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     return module.__name__
 
@@ -306,3 +307,10 @@ def test_out_of_tree_errors(plugin_module: str) -> None:
         "params.filters[5].type",
     ]
     assert "needs exactly 'name'" in str(info.value)
+
+
+def test_out_of_tree_policy_that_is_not_a_policy_is_an_error(plugin_module: str) -> None:
+    # It used to raise PolicyConfigError([]): no error listed, so check-config said "ok".
+    with pytest.raises(PolicyConfigError) as info:
+        build_policy("p", f"{plugin_module}:no_policy", {}, BACKENDS)
+    assert info.value.errors == [("type", f"'{plugin_module}:no_policy' did not return a Policy")]
