@@ -1,190 +1,228 @@
-"""A small typed reader over parsed YAML that collects errors with their key paths."""
+"""The one path-tracking reader over parsed YAML: the router's config and policy params.
+
+A :class:`Reader` wraps one mapping and its key path (``backends[0]``,
+``policies.adaptive.params.scorers[1]``). Each read checks one key; a wrong value records
+``(path, message)`` in an error list shared by the whole document and returns a usable
+fallback, so validation carries on and the user sees every problem at once.
+:meth:`Reader.done` reports the keys that nothing read.
+
+Messages say what kind of value was expected and what kind was found, never the value: a key
+pasted into the wrong field, or a URL with credentials, must not reach a log or an HTTP
+answer. Only names the config uses to refer to something it defines elsewhere (a plugin
+type, a backend, an engine, a policy) are quoted, beside the known ones, and numbers beside
+the bound they broke.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
 D = TypeVar("D")
 C = TypeVar("C", bound=str)
+Errors = list[tuple[str, str]]
+"""``(key path, message)`` pairs, in the order found."""
 
 
-def join(path: str, key: object) -> str:
-    """``path.key`` (or ``key`` at the top level)."""
-    return f"{path}.{key}" if path else str(key)
+def join(path: str, key: str | int) -> str:
+    """``params`` + ``by`` -> ``params.by``; ``filters`` + 1 -> ``filters[1]``."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
 
 
+def kind(value: object) -> str:
+    """What ``value`` is, in YAML's words, for messages that must not show the value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string" if value else "empty string"
+    if isinstance(value, Mapping):
+        return "mapping"
+    if isinstance(value, list):
+        return "list"
+    return type(value).__name__  # YAML timestamps and binaries
+
+
+def unknown(name: str, known: Iterable[str], what: str = "") -> str:
+    """``unknown backend 'x' (known: a, b)``, for a name the config refers to."""
+    noun = f"{what} " if what else ""
+    return f"unknown {noun}{name!r} (known: {', '.join(known) or 'none'})"
+
+
+@dataclass(slots=True)
 class Reader:
-    """Reads values out of YAML mappings; every problem goes to :attr:`errors`, never raises."""
+    """A typed reader over one mapping; every error goes to the shared ``errors`` list."""
 
-    def __init__(self) -> None:
-        self.errors: list[tuple[str, str]] = []
+    raw: Mapping[str, object]
+    path: str
+    errors: Errors
+    _seen: set[str] = field(default_factory=set)
 
-    def add(self, path: str, message: str) -> None:
-        self.errors.append((path, message))
+    @classmethod
+    def of(cls, raw: object, path: str, errors: Errors, *, required: bool = False) -> Reader:
+        """Wrap ``raw`` (``None`` means empty, an error when ``required``)."""
+        if raw is None:
+            if required:
+                errors.append((path, "is required"))
+            return cls({}, path, errors)
+        if not isinstance(raw, Mapping):
+            errors.append((path, f"expected a mapping, got {kind(raw)}"))
+            # Read the rest as empty without reporting: "x is required" under a value that is
+            # not even a mapping would only repeat the one real error.
+            return cls({}, path, [])
+        # YAML keys may be numbers or booleans; as strings they are reported as unknown keys.
+        return cls({str(k): v for k, v in raw.items()}, path, errors)
 
-    def mapping(
-        self, v: object, path: str, known: Iterable[str] | None, *, optional: bool = False
-    ) -> dict[str, Any]:
-        """``v`` as a dict with string keys; keys outside ``known`` are reported."""
-        if v is None:
-            if not optional:
-                self.add(path, "missing")
-            return {}
-        if not isinstance(v, dict):
-            self.add(path, f"expected a mapping, got {_kind(v)}")
-            return {}
-        allowed = None if known is None else list(known)
-        out: dict[str, Any] = {}
-        for k, val in v.items():
-            if allowed is not None and k not in allowed:
-                self.add(join(path, k), f"unknown key (known: {', '.join(allowed)})")
-                continue
-            out[str(k)] = val
+    def error(self, key: str | int | None, message: str) -> None:
+        """Record an error at ``path.key`` (at this mapping's own path when ``key`` is None)."""
+        self.errors.append((self.path if key is None else join(self.path, key), message))
+
+    def has(self, key: str) -> bool:
+        """Whether ``key`` was given (marks it as known)."""
+        self._seen.add(key)
+        return key in self.raw
+
+    def raw_value(self, key: str) -> object:
+        """The unvalidated value (marks the key as known)."""
+        self._seen.add(key)
+        return self.raw.get(key)
+
+    def names(self) -> list[str]:
+        """Every key given, for a mapping whose keys are names (all count as known)."""
+        self._seen.update(self.raw)
+        return list(self.raw)
+
+    def child(self, key: str, *, required: bool = False) -> Reader:
+        """A reader over the nested mapping at ``key`` (absent means empty)."""
+        return Reader.of(self.raw_value(key), join(self.path, key), self.errors, required=required)
+
+    def entries(
+        self, key: str, *, required: bool = False, non_empty: bool = False
+    ) -> list[tuple[str, object]]:
+        """The items of the list at ``key``, each with its path (``key[i]``)."""
+        value = self._value(key, required)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.error(key, f"expected a list, got {kind(value)}")
+            return []
+        if non_empty and not value:
+            self.error(key, "must list at least one entry")
+        return [(join(join(self.path, key), i), item) for i, item in enumerate(value)]
+
+    @overload
+    def string(self, key: str, *, required: bool = False) -> str | None: ...
+    @overload
+    def string(self, key: str, default: D, *, required: bool = False) -> str | D: ...
+    def string(self, key: str, default: object = None, *, required: bool = False) -> object:
+        """A non-empty string; ``default`` (None unless given) when absent or wrong."""
+        value = self._value(key, required)
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value:
+            self.error(key, f"expected a non-empty string, got {kind(value)}")
+            return default
+        return value
+
+    def string_list(
+        self, key: str, *, required: bool = False, non_empty: bool = False
+    ) -> list[str] | None:
+        """A list of non-empty strings; None if absent."""
+        value = self._value(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            self.error(key, f"expected a list of strings, got {kind(value)}")
+            return None
+        if non_empty and not value:
+            self.error(key, "must list at least one entry")
+        out: list[str] = []
+        for i, item in enumerate(value):
+            if isinstance(item, str) and item:
+                out.append(item)
+            else:
+                self.error(join(key, i), f"expected a non-empty string, got {kind(item)}")
         return out
 
-    def sequence(self, v: object, path: str, *, required: bool = False) -> list[object]:
-        if v is None:
-            if required:
-                self.add(path, "missing")
-            return []
-        if not isinstance(v, list):
-            self.add(path, f"expected a list, got {_kind(v)}")
-            return []
-        return v
-
-    def _get(self, m: Mapping[str, object], key: str, path: str, required: bool) -> object:
-        v = m.get(key)
-        if v is None and required:
-            self.add(join(path, key), "missing")
-        return v
-
-    def string(
-        self, m: Mapping[str, object], key: str, path: str, default: D, *, required: bool = False
-    ) -> str | D:
-        v = self._get(m, key, path, required)
-        if v is None:
+    def flag(self, key: str, default: D) -> bool | D:
+        """``true`` or ``false``."""
+        value = self.raw_value(key)
+        if value is None:
             return default
-        if not isinstance(v, str) or not v:
-            self.add(join(path, key), f"expected a non-empty string, got {_kind(v)}")
+        if not isinstance(value, bool):
+            self.error(key, f"expected true or false, got {kind(value)}")
             return default
-        return v
-
-    def strings(
-        self, m: Mapping[str, object], key: str, path: str, default: tuple[str, ...] = ()
-    ) -> tuple[str, ...]:
-        v = m.get(key)
-        if v is None:
-            return default
-        if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-            self.add(join(path, key), "expected a list of non-empty strings")
-            return default
-        return tuple(v)
-
-    def boolean(
-        self, m: Mapping[str, object], key: str, path: str, default: D, *, required: bool = False
-    ) -> bool | D:
-        v = self._get(m, key, path, required)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            self.add(join(path, key), f"expected true or false, got {_kind(v)}")
-            return default
-        return v
+        return value
 
     def integer(
-        self,
-        m: Mapping[str, object],
-        key: str,
-        path: str,
-        default: D,
-        *,
-        lo: int | None = None,
-        hi: int | None = None,
+        self, key: str, default: D, *, low: int | None = 0, high: int | None = None
     ) -> int | D:
-        v = m.get(key)
-        if v is None:
+        """A whole number in [low, high]; counts are never negative unless ``low`` says so."""
+        value = self.raw_value(key)
+        if value is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, int):
-            self.add(join(path, key), f"expected an integer, got {_kind(v)}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.error(key, f"expected an integer, got {kind(value)}")
             return default
-        if not _in_range(v, lo, hi):
-            self.add(join(path, key), f"{v} is out of range{_range(lo, hi)}")
-            return default
-        return v
+        return value if self._within(key, value, low, high) else default
 
     def number(
-        self,
-        m: Mapping[str, object],
-        key: str,
-        path: str,
-        default: D,
-        *,
-        lo: float | None = None,
-        hi: float | None = None,
+        self, key: str, default: D, *, low: float | None = None, high: float | None = None
     ) -> float | D:
-        v = m.get(key)
-        if v is None:
+        """A number in [low, high]."""
+        value = self.raw_value(key)
+        if value is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            self.add(join(path, key), f"expected a number, got {_kind(v)}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            self.error(key, f"expected a number, got {kind(value)}")
             return default
-        if not _in_range(v, lo, hi):
-            self.add(join(path, key), f"{v} is out of range{_range(lo, hi)}")
-            return default
-        return float(v)
+        return float(value) if self._within(key, value, low, high) else default
 
-    def bound(
-        self, m: Mapping[str, object], key: str, path: str, default: float | None
-    ) -> float | None:
+    def bound(self, key: str, default: float | None) -> float | None:
         """A non-negative number of seconds; an explicit ``null`` means no bound."""
-        if key in m and m[key] is None:
+        if self.has(key) and self.raw[key] is None:
             return None
-        return self.number(m, key, path, default, lo=0.0)
+        return self.number(key, default, low=0.0)
 
     def choice(
-        self,
-        m: Mapping[str, object],
-        key: str,
-        path: str,
-        options: tuple[C, ...],
-        default: D,
-        *,
-        required: bool = False,
+        self, key: str, options: Sequence[C], default: D, *, required: bool = False
     ) -> C | D:
-        v = self._get(m, key, path, required)
-        if v is None:
+        """One of ``options``."""
+        value = self._value(key, required)
+        if value is None:
             return default
-        for o in options:
-            if v == o:
-                return o
-        self.add(join(path, key), f"unknown value {v!r} (known: {', '.join(options)})")
+        for option in options:
+            if value == option:
+                return option
+        # Not quoted: a keyword list is short, and what was written there may be anything.
+        self.error(key, f"expected one of {', '.join(options)}, got {kind(value)}")
         return default
 
+    def done(self) -> None:
+        """Report every key that no read asked for."""
+        for key in self.raw:
+            if key not in self._seen:
+                self.error(key, f"unknown key (known: {', '.join(sorted(self._seen)) or 'none'})")
 
-def _in_range(v: float, lo: float | None, hi: float | None) -> bool:
-    return (lo is None or v >= lo) and (hi is None or v <= hi)
+    def _value(self, key: str, required: bool) -> object:
+        value = self.raw_value(key)
+        if value is None and required:
+            self.error(key, "is required")
+        return value
 
-
-def _range(lo: float | None, hi: float | None) -> str:
-    if lo is not None and hi is not None:
-        return f" ({lo}..{hi})"
-    if lo is not None:
-        return f" (at least {lo})"
-    return f" (at most {hi})"
-
-
-def _kind(v: object) -> str:
-    if v is None:
-        return "nothing"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int | float):
-        return f"a number ({v})"
-    if isinstance(v, str):
-        return f"a string ({v!r})" if v else "an empty string"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "a mapping"
-    return type(v).__name__
+    def _within(self, key: str, value: float, low: float | None, high: float | None) -> bool:
+        if low is not None and value < low:
+            self.error(key, f"{value} is below the minimum {low:g}")
+            return False
+        if high is not None and value > high:
+            self.error(key, f"{value} is above the maximum {high:g}")
+            return False
+        return True

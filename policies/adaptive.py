@@ -24,8 +24,9 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from common.schema import Reader, unknown
 from policies.affinity import affinity_key, home
-from policies.params import BuildContext, Params
+from policies.params import BuildContext
 from policies.predictor import (
     PaceTracker,
     TpotTracker,
@@ -312,15 +313,15 @@ _DEFAULT_SLO: tuple[tuple[RequestClass, Slo], ...] = (
 )
 
 
-def _engine_kinds(p: Params, ctx: BuildContext, key: str) -> frozenset[str]:
+def _engine_kinds(p: Reader, ctx: BuildContext, key: str) -> frozenset[str]:
     kinds = p.string_list(key, required=True, non_empty=True) or []
     for i, kind in enumerate(kinds):
         if kind not in ctx.engines:
-            p.error(f"{key}[{i}]", f"unknown engine {kind!r} (known: {', '.join(ctx.engines)})")
+            p.error(f"{key}[{i}]", unknown(kind, ctx.engines, "engine"))
     return frozenset(kinds)
 
 
-def _spill(p: Params) -> SpillSettings:
+def _spill(p: Reader) -> SpillSettings:
     d = SpillSettings()
     s = SpillSettings(
         enabled=p.flag("enabled", d.enabled),
@@ -339,7 +340,7 @@ def _spill(p: Params) -> SpillSettings:
     return s
 
 
-def make_adaptive(name: str, p: Params, ctx: BuildContext) -> AdaptivePolicy:
+def make_adaptive(name: str, p: Reader, ctx: BuildContext) -> AdaptivePolicy:
     """Build ``adaptive`` from its params (documented in the README's policy guide)."""
     slo_params = p.child("slo")
     slo: dict[RequestClass, Slo] = {}

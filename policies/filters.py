@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.schema import Reader
 from policies.base import Filter
-from policies.params import BuildContext, Params, class_orders
+from policies.params import BuildContext, class_orders
 from policies.types import Candidate, RequestClass, RequestInfo
 
 
@@ -44,14 +45,14 @@ class NotSaturatedFilter:
         return open_ or candidates
 
 
-def make_members(p: Params, ctx: BuildContext) -> Filter:
+def make_members(p: Reader, ctx: BuildContext) -> Filter:
     """``members``: ``backends: [name or engine kind, ...]``."""
     entries = p.string_list("backends", required=True, non_empty=True) or []
     p.done()
     return MembersFilter(frozenset(n for tier in ctx.resolve(p, "backends", entries) for n in tier))
 
 
-def make_class_members(p: Params, ctx: BuildContext) -> Filter:
+def make_class_members(p: Reader, ctx: BuildContext) -> Filter:
     """``class-members``: ``{interactive: [...], batch: [...]}``."""
     orders = class_orders(p, ctx)
     return ClassMembersFilter(
@@ -59,7 +60,7 @@ def make_class_members(p: Params, ctx: BuildContext) -> Filter:
     )
 
 
-def make_not_saturated(p: Params, ctx: BuildContext) -> Filter:
+def make_not_saturated(p: Reader, ctx: BuildContext) -> Filter:
     """``not-saturated``: no params."""
     p.done()
     return NotSaturatedFilter()

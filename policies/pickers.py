@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.schema import Reader
 from policies.base import Picker
-from policies.params import BuildContext, Params
+from policies.params import BuildContext
 from policies.types import Candidate, RequestInfo
 
 
@@ -38,13 +39,13 @@ class RoundRobinPicker:
         return names[start:] + names[:start]
 
 
-def make_max_score(p: Params, ctx: BuildContext) -> Picker:
+def make_max_score(p: Reader, ctx: BuildContext) -> Picker:
     """``max-score``: no params."""
     p.done()
     return MaxScorePicker()
 
 
-def make_round_robin(p: Params, ctx: BuildContext) -> Picker:
+def make_round_robin(p: Reader, ctx: BuildContext) -> Picker:
     """``round-robin``: no params."""
     p.done()
     return RoundRobinPicker()

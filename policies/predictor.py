@@ -22,7 +22,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.params import BuildContext, Params
+from common.schema import Reader
+from policies.params import BuildContext
 from policies.types import Candidate, Outcome, RequestInfo
 
 
@@ -171,7 +172,7 @@ class PaceTracker:
         self._pace[backend] = sample if old is None else old + self.alpha * (sample - old)
 
 
-def _per_engine(p: Params, ctx: BuildContext, key: str, default: float) -> dict[str, float]:
+def _per_engine(p: Reader, ctx: BuildContext, key: str, default: float) -> dict[str, float]:
     """``key``: one number for every backend, or a mapping engine kind -> number (others get
     ``default``). Returns backend name -> value."""
     by_engine: dict[str, float] = {}
@@ -186,7 +187,7 @@ def _per_engine(p: Params, ctx: BuildContext, key: str, default: float) -> dict[
     return {b.name: by_engine.get(b.engine, default) for b in ctx.backends}
 
 
-def read_predictor(p: Params, ctx: BuildContext) -> TtftPredictor:
+def read_predictor(p: Reader, ctx: BuildContext) -> TtftPredictor:
     """Params ``prefill_rate_prior`` (tokens/s: one number, or per engine kind) and
     ``learning_rate`` (the weight of each observation, default 0.1)."""
     priors = _per_engine(p, ctx, "prefill_rate_prior", DEFAULT_PRIOR)
@@ -194,6 +195,6 @@ def read_predictor(p: Params, ctx: BuildContext) -> TtftPredictor:
     return TtftPredictor(priors, alpha=alpha)
 
 
-def read_tpot(p: Params, ctx: BuildContext, alpha: float) -> TpotTracker:
+def read_tpot(p: Reader, ctx: BuildContext, alpha: float) -> TpotTracker:
     """Param ``tpot_prior_s`` (seconds per output token: one number, or per engine kind)."""
     return TpotTracker(_per_engine(p, ctx, "tpot_prior_s", 0.01), alpha=alpha)

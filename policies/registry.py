@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar, cast
 
+from common.schema import Errors, Reader, join, unknown
 from policies import adaptive, filters, pickers, scorers
 from policies.base import Filter, NullObserver, Picker, PipelineObserver, Policy, Scorer
-from policies.params import BuildContext, ErrorList, Params, class_orders, join_path, type_name
+from policies.params import BuildContext, class_orders
 from policies.pipeline import PipelinePolicy
 from policies.signals import inflight, outstanding_tokens
 from policies.types import BackendInfo
@@ -27,19 +28,19 @@ from policies.types import BackendInfo
 __all__ = ["BackendInfo", "PolicyConfigError", "build_policy", "policy_types"]
 
 T = TypeVar("T")
-PluginFactory = Callable[[Params, BuildContext], T]
-PolicyFactory = Callable[[str, Params, BuildContext], Policy]
+PluginFactory = Callable[[Reader, BuildContext], T]
+PolicyFactory = Callable[[str, Reader, BuildContext], Policy]
 
 
 class PolicyConfigError(ValueError):
     """Every problem found in one policy entry, each as (path within the entry, message)."""
 
-    def __init__(self, errors: ErrorList) -> None:
+    def __init__(self, errors: Errors) -> None:
         self.errors = list(errors)
         super().__init__("; ".join(f"{path}: {message}" for path, message in self.errors))
 
 
-def _class_split(name: str, p: Params, ctx: BuildContext) -> Policy:
+def _class_split(name: str, p: Reader, ctx: BuildContext) -> Policy:
     orders = class_orders(p, ctx)
     tiers = max((len(t) for t in orders.values()), default=1) or 1
     # Tiers are 1/tiers apart, so a load tie-breaker weighted below that can only reorder
@@ -60,7 +61,7 @@ def _class_split(name: str, p: Params, ctx: BuildContext) -> Policy:
     )
 
 
-def _subset(p: Params, ctx: BuildContext) -> tuple[Filter, ...]:
+def _subset(p: Reader, ctx: BuildContext) -> tuple[Filter, ...]:
     entries = p.string_list("backends", non_empty=True)
     if entries is None:
         return ()
@@ -68,7 +69,7 @@ def _subset(p: Params, ctx: BuildContext) -> tuple[Filter, ...]:
     return (filters.MembersFilter(names),)
 
 
-def _round_robin(name: str, p: Params, ctx: BuildContext) -> Policy:
+def _round_robin(name: str, p: Reader, ctx: BuildContext) -> Policy:
     subset = _subset(p, ctx)
     p.done()
     return PipelinePolicy(
@@ -80,7 +81,7 @@ def _round_robin(name: str, p: Params, ctx: BuildContext) -> Policy:
     )
 
 
-def _least_outstanding(name: str, p: Params, ctx: BuildContext) -> Policy:
+def _least_outstanding(name: str, p: Reader, ctx: BuildContext) -> Policy:
     by = p.choice("by", ("requests", "tokens"), "requests")
     subset = _subset(p, ctx)
     p.done()
@@ -94,7 +95,7 @@ def _least_outstanding(name: str, p: Params, ctx: BuildContext) -> Policy:
     )
 
 
-def _pinned(name: str, p: Params, ctx: BuildContext) -> Policy:
+def _pinned(name: str, p: Reader, ctx: BuildContext) -> Policy:
     backend, engine = p.string("backend"), p.string("engine")
     p.done()
     names: frozenset[str] = frozenset()
@@ -147,26 +148,25 @@ def _plugin(
     table: Mapping[str, PluginFactory[T]],
     proto: type,
     ctx: BuildContext,
-    errors: ErrorList,
+    errors: Errors,
     *,
     weighted: bool = False,
 ) -> tuple[T, float] | None:
     """One ``{type, params[, weight]}`` entry (a bare string means no params)."""
-    spec = Params.of({"type": entry} if isinstance(entry, str) else entry, path, errors)
-    kind = spec.raw_value("type")
+    spec = Reader.of({"type": entry} if isinstance(entry, str) else entry, path, errors)
+    kind = spec.string("type", required=True)
     weight = spec.number("weight", 1.0, low=0.0) if weighted else 1.0
     raw_params = spec.raw_value("params")
     spec.done()
-    if not isinstance(kind, str) or not kind:
-        spec.error("type", f"expected a type name, got {type_name(kind)}")
+    if kind is None:
         return None
-    params_path = join_path(path, "params")
+    params_path = join(path, "params")
     if kind in table:
-        return table[kind](Params.of(raw_params, params_path, errors), ctx), weight
+        return table[kind](Reader.of(raw_params, params_path, errors), ctx), weight
     if ":" not in kind:
-        spec.error("type", f"unknown {kind!r} (known: {', '.join(table)})")
+        spec.error("type", unknown(kind, table))
         return None
-    factory = _load_external(kind, join_path(path, "type"), errors)
+    factory = _load_external(kind, join(path, "type"), errors)
     if factory is None:
         return None
     try:
@@ -180,7 +180,7 @@ def _plugin(
     return cast(T, built), weight
 
 
-def _load_external(ref: str, path: str, errors: ErrorList) -> Callable[..., object] | None:
+def _load_external(ref: str, path: str, errors: Errors) -> Callable[..., object] | None:
     module_name, _, attr = ref.partition(":")
     try:
         target = getattr(importlib.import_module(module_name), attr)
@@ -193,47 +193,25 @@ def _load_external(ref: str, path: str, errors: ErrorList) -> Callable[..., obje
     return target
 
 
-def _pipeline(name: str, p: Params, ctx: BuildContext) -> Policy:
-    def entries(key: str) -> list[object]:
-        raw = p.raw_value(key)
-        if raw is None:
-            return []
-        if not isinstance(raw, list):
-            p.error(key, f"expected a list, got {type_name(raw)}")
-            return []
-        return raw
-
+def _pipeline(name: str, p: Reader, ctx: BuildContext) -> Policy:
     def type_of(entry: object) -> str:
         kind = entry.get("type") if isinstance(entry, Mapping) else entry
         return kind if isinstance(kind, str) else ""
 
-    path = p.path
-    filter_entries = entries("filters")
-    built_filters = [
-        _plugin(e, join_path(join_path(path, "filters"), i), FILTERS, Filter, ctx, p.errors)
-        for i, e in enumerate(filter_entries)
-    ]
-    scorer_entries = entries("scorers")
+    filter_entries = p.entries("filters")
+    built_filters = [_plugin(e, at, FILTERS, Filter, ctx, p.errors) for at, e in filter_entries]
+    scorer_entries = p.entries("scorers")
     built_scorers = [
-        _plugin(
-            e,
-            join_path(join_path(path, "scorers"), i),
-            SCORERS,
-            Scorer,
-            ctx,
-            p.errors,
-            weighted=True,
-        )
-        for i, e in enumerate(scorer_entries)
+        _plugin(e, at, SCORERS, Scorer, ctx, p.errors, weighted=True) for at, e in scorer_entries
     ]
     raw_picker = p.raw_value("picker") or "max-score"
-    picker = _plugin(raw_picker, join_path(path, "picker"), PICKERS, Picker, ctx, p.errors)
+    picker = _plugin(raw_picker, join(p.path, "picker"), PICKERS, Picker, ctx, p.errors)
     p.done()
     kept_filters = [
-        (type_of(e), f[0]) for e, f in zip(filter_entries, built_filters, strict=True) if f
+        (type_of(e), f[0]) for (_, e), f in zip(filter_entries, built_filters, strict=True) if f
     ]
     kept_scorers = [
-        (type_of(e), s) for e, s in zip(scorer_entries, built_scorers, strict=True) if s
+        (type_of(e), s) for (_, e), s in zip(scorer_entries, built_scorers, strict=True) if s
     ]
     return PipelinePolicy(
         name,
@@ -279,23 +257,23 @@ def build_policy(
     ``params.scorers[1].type``, ...). Built-in policies report their plugins' run times
     and emptied candidate sets to ``observer`` (the router's metrics), if given.
     """
-    errors: ErrorList = []
+    errors: Errors = []
     ctx = BuildContext(tuple(backends), NullObserver() if observer is None else observer)
-    p = Params.of(params, "params", errors)
+    p = Reader.of(params, "params", errors)
     policy: Policy | None = None
     if type in POLICY_TYPES:
         policy = POLICY_TYPES[type](name, p, ctx)
     elif ":" in type:
         policy = _external_policy(name, type, p.raw, ctx, errors)
     else:
-        errors.append(("type", f"unknown {type!r} (known: {', '.join(POLICY_TYPES)})"))
+        errors.append(("type", unknown(type, POLICY_TYPES)))
     if errors or policy is None:  # every way to None records an error: never an empty list
         raise PolicyConfigError(errors)
     return policy
 
 
 def _external_policy(
-    name: str, ref: str, params: Mapping[str, object], ctx: BuildContext, errors: ErrorList
+    name: str, ref: str, params: Mapping[str, object], ctx: BuildContext, errors: Errors
 ) -> Policy | None:
     factory = _load_external(ref, "type", errors)
     if factory is None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from common.schema import Reader
 from policies.affinity import affinity_key, home
 from policies.base import Scorer
-from policies.params import BuildContext, Params, class_orders
+from policies.params import BuildContext, class_orders
 from policies.predictor import TtftPredictor, queued_prefill_tokens, read_predictor
 from policies.signals import (
     inflight,
@@ -88,7 +89,7 @@ class SessionAffinityScorer:
         return scores
 
 
-def make_predicted_ttft(p: Params, ctx: BuildContext) -> Scorer:
+def make_predicted_ttft(p: Reader, ctx: BuildContext) -> Scorer:
     """``predicted-ttft``: ``target_s`` (default 1.0), ``prefill_rate_prior``, ``learning_rate``."""
     target = p.number("target_s", 1.0, low=0.001)
     predictor = read_predictor(p, ctx)
@@ -96,32 +97,32 @@ def make_predicted_ttft(p: Params, ctx: BuildContext) -> Scorer:
     return PredictedTtftScorer(predictor, target)
 
 
-def make_session_affinity(p: Params, ctx: BuildContext) -> Scorer:
+def make_session_affinity(p: Reader, ctx: BuildContext) -> Scorer:
     """``session-affinity``: ``load_bound`` (>= 1, default 1.25)."""
     bound = p.number("load_bound", 1.25, low=1.0)
     p.done()
     return SessionAffinityScorer(bound)
 
 
-def make_least_requests(p: Params, ctx: BuildContext) -> Scorer:
+def make_least_requests(p: Reader, ctx: BuildContext) -> Scorer:
     """``least-requests``: fewest router-side in-flight requests. No params."""
     p.done()
     return LoadScorer(inflight)
 
 
-def make_least_tokens(p: Params, ctx: BuildContext) -> Scorer:
+def make_least_tokens(p: Reader, ctx: BuildContext) -> Scorer:
     """``least-tokens``: fewest outstanding prompt + output tokens. No params."""
     p.done()
     return LoadScorer(outstanding_tokens)
 
 
-def make_queue_depth(p: Params, ctx: BuildContext) -> Scorer:
+def make_queue_depth(p: Reader, ctx: BuildContext) -> Scorer:
     """``queue-depth``: fewest waiting requests (scraped, else router in-flight). No params."""
     p.done()
     return LoadScorer(queue_depths)
 
 
-def make_kv_cache(p: Params, ctx: BuildContext) -> Scorer:
+def make_kv_cache(p: Reader, ctx: BuildContext) -> Scorer:
     """``kv-cache``: lowest KV-cache usage (scraped, else outstanding tokens). No params."""
     p.done()
     return LoadScorer(memory_pressure)
@@ -139,6 +140,6 @@ def class_affinity(orders: Mapping[RequestClass, list[list[str]]]) -> ClassAffin
     )
 
 
-def make_class_affinity(p: Params, ctx: BuildContext) -> Scorer:
+def make_class_affinity(p: Reader, ctx: BuildContext) -> Scorer:
     """``class-affinity``: ``{interactive: [...], batch: [...]}``, names or engine kinds."""
     return class_affinity(class_orders(p, ctx))

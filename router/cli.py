@@ -28,7 +28,8 @@ import uvloop
 
 from router.app import RELOADER, build_app, build_policies, listen_socket, serve
 from router.backends.pool import Pool
-from router.config.parse import ConfigError, RouterConfig, load_config
+from router.config.model import ConfigError, RouterConfig
+from router.config.parse import load_config
 from router.control.auth import Gate, exposure_warning
 from router.server.children import Children
 

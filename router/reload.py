@@ -32,8 +32,8 @@ from aiohttp import web
 
 from policies.base import Policy
 from router.backends.pool import Pool
-from router.config.model import BackendSpec
-from router.config.parse import ConfigError, RouterConfig, load_config
+from router.config.model import BackendSpec, ConfigError, RouterConfig
+from router.config.parse import load_config
 from router.control.auth import Gate
 from router.control.slo import slo_table
 from router.proxy.state import RouterState

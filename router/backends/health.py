@@ -11,7 +11,7 @@ import orjson
 
 from router.backends.engines import parse_load
 from router.backends.pool import BackendState, Pool
-from router.config.parse import HealthSettings
+from router.config.model import HealthSettings
 
 
 class HealthMonitor:

@@ -1,4 +1,4 @@
-"""The router's configuration as frozen value objects (parsed and validated in config.py)."""
+"""The router's configuration as frozen value objects (parsed and validated in parse.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""The router's configuration: parsed once from YAML into frozen, validated objects.
+"""The router's configuration: parsed once from YAML into :mod:`router.config.model`'s objects.
 
-Validation reports every problem at once, each with its key path (``backends[1].url: ...``);
-unknown keys are rejected. The policy entries are checked structurally here and semantically
-by the policy registry (see :func:`router.app.build_policies`). The value objects live in
-:mod:`router.config.model` and are importable from here.
+Every problem is reported at once with its key path (``backends[1].url: ...``) and unknown
+keys are rejected, through the one reader of :mod:`common.schema`; no message shows a
+configured value. Policy entries are checked for shape here and their params by the policy
+registry (:func:`router.app.build_policies`): :func:`read_config` returns a best-effort config
+beside its errors so that those checks, and the API keys', run in the same pass.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from common.schema import Reader
+from common.schema import Errors, Reader, unknown
 from policies.types import REQUEST_CLASSES
 from router.config.model import (
     DEFAULT_CAPTURE_HEADERS,
     ENDPOINTS,
     REDACTIONS,
+    AdmissionSettings,
     ApiKeySpec,
     BackendSpec,
     CaptureSettings,
+    ClassAdmission,
     ClassificationSettings,
     ClassTimeouts,
     ConfigError,
@@ -34,229 +37,217 @@ from router.config.model import (
     PolicySpec,
     RouterConfig,
     Rule,
+    ShadowSettings,
     ShutdownSettings,
 )
-from router.config.traffic import admission_settings, shadow_settings
 
-__all__ = [
-    "DEFAULT_CAPTURE_HEADERS",
-    "ENDPOINTS",
-    "REDACTIONS",
-    "ApiKeySpec",
-    "BackendSpec",
-    "CaptureSettings",
-    "ClassTimeouts",
-    "ClassificationSettings",
-    "ConfigError",
-    "EmulatorSpec",
-    "FailoverSettings",
-    "HealthSettings",
-    "ListenSettings",
-    "PolicySpec",
-    "RouterConfig",
-    "Rule",
-    "load_config",
-    "parse_config",
-]
-
-_TOP = [
-    "listen",
-    "backends",
-    "aliases",
-    "api_keys",
-    "require_api_key",
-    "metrics_require_admin",
-    "classification",
-    "policies",
-    "default_policy",
-    "honor_policy_header",
-    "timeouts",
-    "failover",
-    "health",
-    "capture",
-    "admission",
-    "shadow",
-    "limits",
-    "shutdown",
-]
+__all__ = ["load_config", "parse_config", "read_config"]
 
 
 def load_config(path: str | Path) -> RouterConfig:
     """Read and validate a YAML file; raises :class:`ConfigError` with every problem."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([("", f"cannot read {path}: {exc.strerror}")]) from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([("", f"not valid YAML: {exc}")]) from exc
-    return parse_config(doc)
+    errors: Errors = []
+    return _valid(read_config(path, errors), errors)
 
 
 def parse_config(doc: object) -> RouterConfig:
-    """Validate a parsed YAML document into a :class:`RouterConfig`."""
-    r = Reader()
-    top = r.mapping(doc, "", _TOP)
-    listen = _listen(r, top.get("listen"))
-    backends = _backends(r, top.get("backends"))
-    names = {b.name for b in backends}
-    aliases = _aliases(r, top.get("aliases"), names)
-    policies = _policies(r, top.get("policies"))
-    default_policy = r.string(top, "default_policy", "", "", required=True)
-    if default_policy and policies and default_policy not in {p.name for p in policies}:
-        known = ", ".join(p.name for p in policies)
-        r.add("default_policy", f"unknown policy '{default_policy}' (known: {known})")
-    cfg = RouterConfig(
+    """Validate a parsed YAML document; raises :class:`ConfigError` with every problem."""
+    errors: Errors = []
+    return _valid(parse_document(doc, errors), errors)
+
+
+def read_config(path: str | Path, errors: Errors) -> RouterConfig:
+    """The file's config at best effort: each problem goes to ``errors`` and a fallback stands
+    in for the value (nothing at all for a file that cannot be read as YAML)."""
+    before = len(errors)
+    doc = _document(Path(path), errors)
+    if len(errors) > before:
+        return RouterConfig(backends=(), policies=(), default_policy="")
+    return parse_document(doc, errors)
+
+
+def parse_document(doc: object, errors: Errors) -> RouterConfig:
+    """A parsed YAML document at best effort, as :func:`read_config`.
+
+    Policy and API key entries with errors are left out, so that building them reports
+    nothing twice; backends stay (with fallbacks) since policies refer to them by name.
+    """
+    top = Reader.of(doc, "", errors)
+    backends = _backends(top)
+    policies, policy_names = _policies(top)
+    default_policy = top.string("default_policy", "", required=True)
+    if default_policy and policy_names and default_policy not in policy_names:
+        top.error("default_policy", unknown(default_policy, policy_names, "policy"))
+    names = [b.name for b in backends]
+    config = RouterConfig(
         backends=backends,
         policies=policies,
         default_policy=default_policy,
-        listen=listen,
-        honor_policy_header=r.boolean(top, "honor_policy_header", "", True),
-        aliases=aliases,
-        api_keys=_api_keys(r, top.get("api_keys"), {p.name for p in policies}),
-        require_api_key=r.boolean(top, "require_api_key", "", False),
-        metrics_require_admin=r.boolean(top, "metrics_require_admin", "", False),
-        classification=_classification(r, top.get("classification")),
-        timeouts=_timeouts(r, top.get("timeouts")),
-        failover=_failover(r, top.get("failover")),
-        health=_health(r, top.get("health")),
-        capture=_capture(r, top.get("capture")),
-        admission=admission_settings(r, top.get("admission")),
-        limits=_limits(r, top.get("limits")),
-        shutdown=_shutdown(r, top.get("shutdown")),
-        shadow=shadow_settings(r, top.get("shadow"), names, {p.name for p in policies}),
+        listen=_listen(top.child("listen")),
+        honor_policy_header=top.flag("honor_policy_header", True),
+        aliases=_aliases(top.child("aliases"), names),
+        api_keys=_api_keys(top, policy_names),
+        require_api_key=top.flag("require_api_key", False),
+        metrics_require_admin=top.flag("metrics_require_admin", False),
+        classification=_classification(top.child("classification")),
+        timeouts=_timeouts(top.child("timeouts")),
+        failover=_failover(top.child("failover")),
+        health=_health(top.child("health")),
+        capture=_capture(top.child("capture")) if top.raw_value("capture") is not None else None,
+        admission=_admission(top.child("admission")),
+        limits=_limits(top.child("limits")),
+        shutdown=_shutdown(top.child("shutdown")),
+        shadow=_shadow(top.child("shadow"), names, policy_names),
     )
-    if r.errors:
-        raise ConfigError(r.errors)
-    return cfg
+    top.done()
+    return config
 
 
-def _listen(r: Reader, v: object) -> ListenSettings:
-    m = r.mapping(v, "listen", ["host", "port", "max_body_bytes"], optional=True)
+def _valid(config: RouterConfig, errors: Errors) -> RouterConfig:
+    if errors:
+        raise ConfigError(errors)
+    return config
+
+
+def _document(path: Path, errors: Errors) -> object:
+    """The YAML document in ``path``; None (and an error) when it cannot be had.
+
+    PyYAML's own messages quote the offending line, an alias or a tag, any of which may be a
+    secret: the error says where and what kind of problem, never what was written.
+    """
+    try:
+        return yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        problem = f"cannot read {path}: {exc.strerror}"
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 text (byte {exc.start} cannot be decoded)"
+    except (yaml.scanner.ScannerError, yaml.parser.ParserError) as exc:
+        problem = f"not valid YAML{_where(exc)}: {exc.problem}"  # quotes one character or token
+    except yaml.MarkedYAMLError as exc:
+        problem = f"not valid YAML{_where(exc)}: an alias, tag or key it cannot resolve"
+    except yaml.reader.ReaderError as exc:
+        problem = f"not valid YAML: a character it does not allow (character {exc.position})"
+    except ValueError:  # raised by the constructor of an explicit type, e.g. !!int or a date
+        problem = "not valid YAML: a value its type does not allow"
+    except RecursionError:
+        problem = "not valid YAML: nested too deeply"
+    errors.append(("", problem))
+    return None
+
+
+def _where(exc: yaml.MarkedYAMLError) -> str:
+    mark = exc.problem_mark
+    return "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _listen(m: Reader) -> ListenSettings:
     d = ListenSettings()
-    return ListenSettings(
-        host=r.string(m, "host", "listen", default=d.host),
-        port=r.integer(m, "port", "listen", default=d.port, lo=0, hi=65535),
-        max_body_bytes=r.integer(m, "max_body_bytes", "listen", default=d.max_body_bytes, lo=1),
+    out = ListenSettings(
+        host=m.string("host", d.host),
+        port=m.integer("port", d.port, high=65535),
+        max_body_bytes=m.integer("max_body_bytes", d.max_body_bytes, low=1),
     )
-
-
-_BACKEND_KEYS = [
-    "name",
-    "url",
-    "engine",
-    "models",
-    "api_key_env",
-    "max_inflight",
-    "priority_capable",
-    "emulator",
-]
-
-
-def _backends(r: Reader, v: object) -> tuple[BackendSpec, ...]:
-    items = r.sequence(v, "backends", required=True)
-    if v is not None and not items:
-        r.add("backends", "at least one backend is needed")
-    out: list[BackendSpec] = []
-    seen: set[str] = set()
-    for i, item in enumerate(items):
-        p = f"backends[{i}]"
-        m = r.mapping(item, p, _BACKEND_KEYS)
-        name = r.string(m, "name", p, "", required=True)
-        if name in seen:
-            r.add(f"{p}.name", f"duplicate backend name '{name}'")
-        seen.add(name)
-        url = r.string(m, "url", p, default="")
-        emulator = _emulator(r, m.get("emulator"), f"{p}.emulator")
-        if url and emulator is not None:
-            r.add(p, "give either url or emulator, not both")
-        elif not url and emulator is None and m:
-            r.add(f"{p}.url", "missing (or give emulator)")
-        elif url:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                r.add(f"{p}.url", f"not an http(s) URL: '{url}'")
-        max_inflight = r.integer(m, "max_inflight", p, default=None, lo=1)
-        out.append(
-            BackendSpec(
-                name=name,
-                engine=r.string(m, "engine", p, "", required=True),
-                url=url.rstrip("/"),
-                models=r.strings(m, "models", p),
-                api_key_env=r.string(m, "api_key_env", p, default=None),
-                max_inflight=max_inflight,
-                priority_capable=r.boolean(m, "priority_capable", p, default=False),
-                emulator=emulator,
-            )
-        )
-    return tuple(out)
-
-
-def _emulator(r: Reader, v: object, p: str) -> EmulatorSpec | None:
-    if v is None:
-        return None
-    m = r.mapping(v, p, ["profile", "time_scale", "seed", "model"])
-    return EmulatorSpec(
-        profile=r.string(m, "profile", p, "", required=True),
-        time_scale=r.number(m, "time_scale", p, default=1.0, lo=1e-6),
-        seed=r.integer(m, "seed", p, default=0),
-        model=r.string(m, "model", p, default=None),
-    )
-
-
-def _aliases(r: Reader, v: object, backends: set[str]) -> dict[str, dict[str, str]]:
-    m = r.mapping(v, "aliases", None, optional=True)
-    out: dict[str, dict[str, str]] = {}
-    for alias, targets in m.items():
-        p = f"aliases.{alias}"
-        t = r.mapping(targets, p, None)
-        if not t and isinstance(targets, dict):
-            r.add(p, "maps no backend")
-        for backend, model in t.items():
-            if backend not in backends:
-                r.add(f"{p}.{backend}", f"unknown backend '{backend}'")
-            if not isinstance(model, str) or not model:
-                r.add(f"{p}.{backend}", "expected a model name (string)")
-        out[str(alias)] = {str(b): str(mod) for b, mod in t.items()}
+    m.done()
     return out
 
 
-_KEY_FIELDS = ["name", "env", "file", "sha256", "class", "models", "policy",
-               "requests_per_minute", "tokens_per_minute", "max_concurrency", "admin"]  # fmt: skip
-
-
-def _api_keys(r: Reader, v: object, policies: set[str]) -> tuple[ApiKeySpec, ...]:
-    out = []
-    for i, item in enumerate(r.sequence(v, "api_keys")):
-        p = f"api_keys[{i}]"
-        m = r.mapping(item, p, _KEY_FIELDS)
-        sources = [k for k in ("env", "file", "sha256") if m.get(k) is not None]
-        if m and not sources:
-            r.add(f"{p}.env", "missing (or give file or sha256)")
-        elif len(sources) > 1:
-            r.add(p, "give only one of env, file or sha256")
-        digest = r.string(m, "sha256", p, default=None)
-        if digest is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
-            r.add(f"{p}.sha256", "expected 64 hex digits (the key's SHA-256)")
-        policy = r.string(m, "policy", p, default=None)
-        if policy is not None and policies and policy not in policies:
-            r.add(f"{p}.policy", f"unknown policy '{policy}'")
+def _backends(top: Reader) -> tuple[BackendSpec, ...]:
+    out: list[BackendSpec] = []
+    seen: set[str] = set()
+    for path, item in top.entries("backends", required=True, non_empty=True):
+        m = Reader.of(item, path, top.errors, required=True)
+        name = m.string("name", "", required=True)
+        if name in seen:
+            m.error("name", f"duplicate backend name {name!r}")
+        seen.add(name)
+        url = m.string("url", "")
+        emulator = _emulator(m.child("emulator")) if m.raw_value("emulator") is not None else None
+        if url and emulator is not None:
+            m.error(None, "give either url or emulator, not both")
+        elif emulator is None and not m.has("url") and m.raw:
+            m.error("url", "is required (or give emulator)")
+        elif url and not _http_url(url):
+            m.error("url", "expected an http(s) URL with a host")
         out.append(
-            ApiKeySpec(
-                name=r.string(m, "name", p, "", required=True),
-                env=r.string(m, "env", p, default=None),
-                file=r.string(m, "file", p, default=None),
-                sha256=digest,
-                request_class=r.choice(m, "class", p, REQUEST_CLASSES, default=None),
-                models=r.strings(m, "models", p),
-                policy=policy,
-                requests_per_minute=r.integer(m, "requests_per_minute", p, default=None, lo=1),
-                tokens_per_minute=r.integer(m, "tokens_per_minute", p, default=None, lo=1),
-                max_concurrency=r.integer(m, "max_concurrency", p, default=None, lo=1),
-                admin=r.boolean(m, "admin", p, default=False),
+            BackendSpec(
+                name=name,
+                engine=m.string("engine", "", required=True),
+                url=url.rstrip("/"),
+                models=tuple(m.string_list("models") or ()),
+                api_key_env=m.string("api_key_env"),
+                max_inflight=m.integer("max_inflight", None, low=1),
+                priority_capable=m.flag("priority_capable", False),
+                emulator=emulator,
             )
         )
+        m.done()
+    return tuple(out)
+
+
+def _http_url(url: str) -> bool:
+    try:  # urlsplit and .port raise ValueError for a bracketed host or a port out of range
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:
+        return False
+
+
+def _emulator(m: Reader) -> EmulatorSpec:
+    out = EmulatorSpec(
+        profile=m.string("profile", "", required=True),
+        time_scale=m.number("time_scale", 1.0, low=1e-6),
+        seed=m.integer("seed", 0, low=None),
+        model=m.string("model"),
+    )
+    m.done()
+    return out
+
+
+def _aliases(m: Reader, backends: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for alias in m.names():
+        targets = m.child(alias, required=True)
+        if not targets.raw and isinstance(m.raw[alias], dict):
+            targets.error(None, "maps no backend")
+        for backend in targets.names():
+            if backend not in backends:
+                targets.error(backend, unknown(backend, backends, "backend"))
+        out[alias] = {b: targets.string(b, "", required=True) for b in targets.raw}
+    return out
+
+
+def _api_keys(top: Reader, policies: list[str]) -> tuple[ApiKeySpec, ...]:
+    out = []
+    for path, item in top.entries("api_keys"):
+        before = len(top.errors)
+        m = Reader.of(item, path, top.errors, required=True)
+        sources = [k for k in ("env", "file", "sha256") if m.raw_value(k) is not None]
+        if m.raw and not sources:
+            m.error("env", "is required (or give file or sha256)")
+        elif len(sources) > 1:
+            m.error(None, "give only one of env, file or sha256")
+        digest = m.string("sha256")
+        if digest is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
+            m.error("sha256", "expected 64 hex digits (the key's SHA-256)")
+        policy = m.string("policy")
+        if policy is not None and policies and policy not in policies:
+            m.error("policy", unknown(policy, policies, "policy"))
+        spec = ApiKeySpec(
+            name=m.string("name", "", required=True),
+            env=m.string("env"),
+            file=m.string("file"),
+            sha256=digest,
+            request_class=m.choice("class", REQUEST_CLASSES, None),
+            models=tuple(m.string_list("models") or ()),
+            policy=policy,
+            requests_per_minute=m.integer("requests_per_minute", None, low=1),
+            tokens_per_minute=m.integer("tokens_per_minute", None, low=1),
+            max_concurrency=m.integer("max_concurrency", None, low=1),
+            admin=m.flag("admin", False),
+        )
+        m.done()
+        if len(top.errors) == before:  # a broken key is not resolved (that would only add noise)
+            out.append(spec)
     return tuple(out)
 
 
@@ -268,131 +259,170 @@ _RULE_INTS = (
 )
 
 
-def _classification(r: Reader, v: object) -> ClassificationSettings:
-    p = "classification"
-    m = r.mapping(v, p, ["default", "honor_header", "flex_is_batch", "rules"], optional=True)
+def _classification(m: Reader) -> ClassificationSettings:
     rules = []
-    for i, item in enumerate(r.sequence(m.get("rules"), f"{p}.rules")):
-        rp = f"{p}.rules[{i}]"
-        rm = r.mapping(item, rp, ["class", "endpoint", "stream", *_RULE_INTS])
-        ints = {k: r.integer(rm, k, rp, default=None, lo=0) for k in _RULE_INTS}
-        if rm and len(rm) == 1:
-            r.add(rp, "a rule needs at least one condition besides its class")
-        rules.append(
-            Rule(
-                request_class=r.choice(
-                    rm, "class", rp, REQUEST_CLASSES, "interactive", required=True
-                ),
-                endpoint=r.choice(rm, "endpoint", rp, ENDPOINTS, default=None),
-                stream=r.boolean(rm, "stream", rp, default=None),
-                **ints,
-            )
+    for path, item in m.entries("rules"):
+        r = Reader.of(item, path, m.errors, required=True)
+        rule = Rule(
+            request_class=r.choice("class", REQUEST_CLASSES, "interactive", required=True),
+            endpoint=r.choice("endpoint", ENDPOINTS, None),
+            stream=r.flag("stream", None),
+            **{k: r.integer(k, None) for k in _RULE_INTS},
         )
-    return ClassificationSettings(
-        default=r.choice(m, "default", p, REQUEST_CLASSES, default="interactive"),
-        honor_header=r.boolean(m, "honor_header", p, default=True),
-        flex_is_batch=r.boolean(m, "flex_is_batch", p, default=True),
+        if len(r.raw) == 1 and r.has("class"):
+            r.error(None, "a rule needs at least one condition besides its class")
+        r.done()
+        rules.append(rule)
+    out = ClassificationSettings(
+        default=m.choice("default", REQUEST_CLASSES, "interactive"),
+        honor_header=m.flag("honor_header", True),
+        flex_is_batch=m.flag("flex_is_batch", True),
         rules=tuple(rules),
     )
-
-
-def _policies(r: Reader, v: object) -> tuple[PolicySpec, ...]:
-    m = r.mapping(v, "policies", None)
-    out = []
-    for name, entry in m.items():
-        p = f"policies.{name}"
-        e = r.mapping(entry, p, ["type", "params"])
-        params = r.mapping(e.get("params"), f"{p}.params", None, optional=True)
-        out.append(
-            PolicySpec(
-                name=str(name), type=r.string(e, "type", p, "", required=True), params=params
-            )
-        )
-    return tuple(out)
-
-
-def _timeouts(r: Reader, v: object) -> dict[str, ClassTimeouts]:
-    m = r.mapping(v, "timeouts", list(REQUEST_CLASSES), optional=True)
-    out = {}
-    d = ClassTimeouts()
-    for cls, entry in m.items():
-        p = f"timeouts.{cls}"
-        t = r.mapping(entry, p, ["connect", "first_byte", "idle", "total"])
-        out[cls] = ClassTimeouts(
-            connect=r.bound(t, "connect", p, d.connect),
-            first_byte=r.bound(t, "first_byte", p, d.first_byte),
-            idle=r.bound(t, "idle", p, d.idle),
-            total=r.bound(t, "total", p, d.total),
-        )
+    m.done()
     return out
 
 
-def _failover(r: Reader, v: object) -> FailoverSettings:
-    p = "failover"
-    m = r.mapping(v, p, ["max_attempts", "backoff_initial", "backoff_max"], optional=True)
+def _policies(top: Reader) -> tuple[tuple[PolicySpec, ...], list[str]]:
+    """The well-formed policy entries, and every policy name given."""
+    m = top.child("policies", required=True)
+    out = []
+    for name in m.names():
+        before = len(m.errors)
+        e = m.child(name, required=True)
+        policy_type = e.string("type", "", required=True)
+        params = e.child("params").raw  # its keys are the registry's to check
+        e.done()
+        if len(m.errors) == before:
+            out.append(PolicySpec(name=name, type=policy_type, params=params))
+    return tuple(out), list(m.raw)
+
+
+def _timeouts(m: Reader) -> dict[str, ClassTimeouts]:
+    out: dict[str, ClassTimeouts] = {}
+    d = ClassTimeouts()
+    for cls in REQUEST_CLASSES:
+        if m.has(cls):
+            t = m.child(cls, required=True)
+            out[cls] = ClassTimeouts(
+                connect=t.bound("connect", d.connect),
+                first_byte=t.bound("first_byte", d.first_byte),
+                idle=t.bound("idle", d.idle),
+                total=t.bound("total", d.total),
+            )
+            t.done()
+    m.done()
+    return out
+
+
+def _failover(m: Reader) -> FailoverSettings:
     d = FailoverSettings()
-    return FailoverSettings(
-        max_attempts=r.integer(m, "max_attempts", p, default=d.max_attempts, lo=1, hi=20),
-        backoff_initial=r.number(m, "backoff_initial", p, default=d.backoff_initial, lo=0.0),
-        backoff_max=r.number(m, "backoff_max", p, default=d.backoff_max, lo=0.0),
+    out = FailoverSettings(
+        max_attempts=m.integer("max_attempts", d.max_attempts, low=1, high=20),
+        backoff_initial=m.number("backoff_initial", d.backoff_initial, low=0.0),
+        backoff_max=m.number("backoff_max", d.backoff_max, low=0.0),
     )
+    m.done()
+    return out
 
 
-def _health(r: Reader, v: object) -> HealthSettings:
-    p = "health"
+def _health(m: Reader) -> HealthSettings:
     d = HealthSettings()
-    m = r.mapping(v, p, list(HealthSettings.__dataclass_fields__), optional=True)
-    return HealthSettings(
-        interval=r.number(m, "interval", p, default=d.interval, lo=0.01),
-        timeout=r.number(m, "timeout", p, default=d.timeout, lo=0.01),
-        failures_to_eject=r.integer(m, "failures_to_eject", p, default=d.failures_to_eject, lo=1),
-        cooldown=r.number(m, "cooldown", p, default=d.cooldown, lo=0.0),
-        cooldown_max=r.number(m, "cooldown_max", p, default=d.cooldown_max, lo=0.0),
-        models_refresh=r.number(m, "models_refresh", p, default=d.models_refresh, lo=0.1),
-        scrape_metrics=r.boolean(m, "scrape_metrics", p, default=d.scrape_metrics),
-        scrape_interval=r.number(m, "scrape_interval", p, default=d.scrape_interval, lo=0.01),
-        scrape_stale_after=r.number(
-            m, "scrape_stale_after", p, default=d.scrape_stale_after, lo=0.01
-        ),
+    out = HealthSettings(
+        interval=m.number("interval", d.interval, low=0.01),
+        timeout=m.number("timeout", d.timeout, low=0.01),
+        failures_to_eject=m.integer("failures_to_eject", d.failures_to_eject, low=1),
+        cooldown=m.number("cooldown", d.cooldown, low=0.0),
+        cooldown_max=m.number("cooldown_max", d.cooldown_max, low=0.0),
+        models_refresh=m.number("models_refresh", d.models_refresh, low=0.1),
+        scrape_metrics=m.flag("scrape_metrics", d.scrape_metrics),
+        scrape_interval=m.number("scrape_interval", d.scrape_interval, low=0.01),
+        scrape_stale_after=m.number("scrape_stale_after", d.scrape_stale_after, low=0.01),
     )
+    m.done()
+    return out
 
 
-def _capture(r: Reader, v: object) -> CaptureSettings | None:
-    if v is None:
-        return None
-    p = "capture"
-    m = r.mapping(v, p, list(CaptureSettings.__dataclass_fields__))
-    headers = r.strings(m, "headers", p, default=DEFAULT_CAPTURE_HEADERS)
+def _capture(m: Reader) -> CaptureSettings:
+    listed = m.string_list("headers")
+    headers = DEFAULT_CAPTURE_HEADERS if listed is None else listed
     for h in headers:
         if h.lower() in ("authorization", "cookie", "set-cookie", "proxy-authorization"):
-            r.add(f"{p}.headers", f"'{h}' is never captured")
-    return CaptureSettings(
-        path=r.string(m, "path", p, "", required=True),
-        sample_rate=r.number(m, "sample_rate", p, default=1.0, lo=0.0, hi=1.0),
-        redaction=r.choice(m, "redaction", p, REDACTIONS, default="none"),
-        rotate_bytes=r.integer(m, "rotate_bytes", p, default=None, lo=1),
+            m.error("headers", f"{h!r} is never captured")
+    out = CaptureSettings(
+        path=m.string("path", "", required=True),
+        sample_rate=m.number("sample_rate", 1.0, low=0.0, high=1.0),
+        redaction=m.choice("redaction", REDACTIONS, "none"),
+        rotate_bytes=m.integer("rotate_bytes", None, low=1),
         headers=tuple(h.lower() for h in headers),
-        queue_size=r.integer(m, "queue_size", p, default=10000, lo=1),
+        queue_size=m.integer("queue_size", 10000, low=1),
     )
+    m.done()
+    return out
 
 
-def _limits(r: Reader, v: object) -> LimitSettings:
-    p = "limits"
+def _admission(m: Reader) -> AdmissionSettings:
+    """Absent: queues of size 0, i.e. 429 at once."""
+    d = ClassAdmission()
+    classes: dict[str, ClassAdmission] = {}
+    for cls in REQUEST_CLASSES:
+        if m.has(cls):
+            c = m.child(cls, required=True)
+            classes[cls] = ClassAdmission(
+                queue_size=c.integer("queue_size", d.queue_size),
+                max_wait=c.number("max_wait", d.max_wait, low=0.0),
+            )
+            c.done()
+    out = AdmissionSettings(classes=classes, retry_after=m.number("retry_after", 1.0, low=0.0))
+    m.done()
+    return out
+
+
+def _shadow(m: Reader, backends: list[str], policies: list[str]) -> dict[str, ShadowSettings]:
+    """Served policy name -> its mirror."""
+    out = {}
+    d = ShadowSettings()
+    for served in m.names():
+        if served not in policies:
+            m.error(served, unknown(served, policies, "policy"))
+        e = m.child(served, required=True)
+        backend, policy = e.string("backend"), e.string("policy")
+        if (backend is None) == (policy is None):
+            e.error(None, "give exactly one of backend (a name) or policy (a policy name)")
+        elif backend is not None and backend not in backends:
+            e.error("backend", unknown(backend, backends, "backend"))
+        elif policy is not None and policy not in policies:
+            e.error("policy", unknown(policy, policies, "policy"))
+        out[served] = ShadowSettings(
+            backend=backend,
+            policy=policy,
+            sample=e.number("sample", d.sample, low=0.0, high=1.0),
+            request_class=e.choice("class", REQUEST_CLASSES, None),
+            max_concurrency=e.integer("max_concurrency", d.max_concurrency, low=1),
+            timeout=e.number("timeout", d.timeout, low=0.01),
+        )
+        e.done()
+    m.done()
+    return out
+
+
+def _limits(m: Reader) -> LimitSettings:
     d = LimitSettings()
-    m = r.mapping(v, p, list(LimitSettings.__dataclass_fields__), optional=True)
-    return LimitSettings(
-        max_connections=r.integer(m, "max_connections", p, default=d.max_connections, lo=1),
-        idle_seconds=r.number(m, "idle_seconds", p, default=d.idle_seconds, lo=0.01),
-        max_headers=r.integer(m, "max_headers", p, default=d.max_headers, lo=1),
-        max_header_bytes=r.integer(m, "max_header_bytes", p, default=d.max_header_bytes, lo=64),
-        write_timeout=r.number(m, "write_timeout", p, default=d.write_timeout, lo=0.01),
-        body_seconds=r.number(m, "body_seconds", p, default=d.body_seconds, lo=0.01),
+    out = LimitSettings(
+        max_connections=m.integer("max_connections", d.max_connections, low=1),
+        idle_seconds=m.number("idle_seconds", d.idle_seconds, low=0.01),
+        max_headers=m.integer("max_headers", d.max_headers, low=1),
+        max_header_bytes=m.integer("max_header_bytes", d.max_header_bytes, low=64),
+        write_timeout=m.number("write_timeout", d.write_timeout, low=0.01),
+        body_seconds=m.number("body_seconds", d.body_seconds, low=0.01),
     )
+    m.done()
+    return out
 
 
-def _shutdown(r: Reader, v: object) -> ShutdownSettings:
-    m = r.mapping(v, "shutdown", ["drain_seconds"], optional=True)
-    d = ShutdownSettings()
-    return ShutdownSettings(
-        drain_seconds=r.number(m, "drain_seconds", "shutdown", default=d.drain_seconds, lo=0.0)
+def _shutdown(m: Reader) -> ShutdownSettings:
+    out = ShutdownSettings(
+        drain_seconds=m.number("drain_seconds", ShutdownSettings().drain_seconds, low=0.0)
     )
+    m.done()
+    return out

@@ -16,7 +16,7 @@ import orjson
 
 from common.tokens import count_chat, count_text, message_text
 from policies.types import REQUEST_CLASSES, Endpoint, RequestClass, RequestInfo
-from router.config.parse import ClassificationSettings, Rule
+from router.config.model import ClassificationSettings, Rule
 from router.server.errors import RouterError
 
 # What each endpoint must carry besides "model".

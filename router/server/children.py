@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from router.config.parse import BackendSpec, EmulatorSpec, RouterConfig
+from router.config.model import BackendSpec, EmulatorSpec, RouterConfig
 
 READY_PREFIX = "emulator listening on "
 _PR_SET_PDEATHSIG = 1

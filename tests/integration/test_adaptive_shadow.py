@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from router.config.parse import ConfigError, parse_config
+from router.config.model import ConfigError
+from router.config.parse import parse_config
 from tests.integration.test_router_failover import metric, wait_for
 from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, client_for, get, start_router, write_config

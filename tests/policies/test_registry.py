@@ -172,6 +172,7 @@ def test_pipeline_defaults_to_max_score_with_no_scorers() -> None:
                     "unknown backend or engine 'vlm' (known: deepinfer, vllm, vllm-2)",
                 ),
                 ("params.extra", "unknown key"),
+                ("params.batch", "expected a list of strings, got string"),
             ],
         ),
         (
@@ -187,7 +188,7 @@ def test_pipeline_defaults_to_max_score_with_no_scorers() -> None:
             {"interactive": [], "batch": [3]},
             [
                 ("params.interactive", "must list at least one"),
-                ("params.batch[0]", "expected a string, got number"),
+                ("params.batch[0]", "expected a non-empty string, got number"),
             ],
         ),
         ("class-split", ["vllm"], [("params", "expected a mapping, got list")]),
@@ -195,7 +196,7 @@ def test_pipeline_defaults_to_max_score_with_no_scorers() -> None:
             "least-outstanding",
             {"by": "bytes", "backends": 5},
             [
-                ("params.by", "unknown 'bytes' (known: requests, tokens)"),
+                ("params.by", "expected one of requests, tokens, got string"),
                 ("params.backends", "expected a list of strings, got number"),
             ],
         ),
@@ -229,7 +230,7 @@ def test_pipeline_defaults_to_max_score_with_no_scorers() -> None:
                 ("params.scorers[0].weight", "-1 is below the minimum 0"),
                 ("params.scorers[1].type", "unknown 'least-qeue' (known: least-requests, "),
                 ("params.scorers[2].typo", "unknown key"),
-                ("params.scorers[2].type", "expected a type name, got null"),
+                ("params.scorers[2].type", "is required"),
                 ("params.picker.params.x", "unknown key"),
             ],
         ),

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from router.config.model import AdmissionSettings, ClassAdmission
-from router.config.parse import ConfigError, parse_config
+from router.config.model import AdmissionSettings, ClassAdmission, ConfigError
+from router.config.parse import parse_config
 from router.control.admission import Admission, QueueRejected, Saturated
 from tests.router.harness import base_config
 

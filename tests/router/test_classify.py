@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from policies.types import Endpoint, RequestClass
-from router.config.parse import ClassificationSettings, Rule
+from router.config.model import ClassificationSettings, Rule
 from router.control.classify import classify, parse_body
 from router.server.errors import RouterError
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from router.cli import default_config_path, load_checked
-from router.config.parse import ConfigError, parse_config
+from router.config.model import ConfigError
+from router.config.parse import parse_config
 from tests.router.harness import base_config, write_config
 
 GOOD = base_config([("a", "vllm", "http://127.0.0.1:1"), ("b", "deepinfer", "http://127.0.0.1:2")])
@@ -94,7 +95,7 @@ def test_every_error_reported_with_its_path() -> None:
 @pytest.mark.parametrize(
     ("doc", "path"),
     [
-        (None, ""),
+        (None, "backends"),
         ([], ""),
         ({"backends": [], "policies": {}, "default_policy": "x"}, "backends"),
         ({"policies": {}, "default_policy": "x"}, "backends"),
@@ -133,9 +134,9 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     res = subprocess.run([*argv, str(bad)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
-    assert "backends[0].engine: missing" in res.stderr
-    assert "backends[0].url: missing (or give emulator)" in res.stderr
-    assert "default_policy: missing" in res.stderr
+    assert "backends[0].engine: is required" in res.stderr
+    assert "backends[0].url: is required (or give emulator)" in res.stderr
+    assert "default_policy: is required" in res.stderr
     broken = tmp_path / "broken.yaml"
     broken.write_text("backends: [\n")
     res = subprocess.run([*argv, str(broken)], capture_output=True, text=True, timeout=60)

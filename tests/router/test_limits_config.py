@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from router.cli import load_checked
-from router.config.model import LimitSettings, ShutdownSettings
-from router.config.parse import ConfigError, parse_config
+from router.config.model import ConfigError, LimitSettings, ShutdownSettings
+from router.config.parse import parse_config
 from tests.router.harness import base_config, write_config
 
 GOOD = base_config([("a", "vllm", "http://127.0.0.1:1")])
