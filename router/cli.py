@@ -29,7 +29,7 @@ import uvloop
 from router.app import RELOADER, build_app, build_policies, listen_socket, serve
 from router.backends.pool import Pool
 from router.config.model import ConfigError, RouterConfig
-from router.config.parse import load_config
+from router.config.parse import read_config
 from router.control.auth import Gate, exposure_warning
 from router.server.children import Children
 
@@ -56,10 +56,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def load_checked(path: Path) -> RouterConfig:
-    """Load ``path`` and build its policies; raises ConfigError with every error found."""
-    config = load_config(path)
-    build_policies(config, Pool(config.backends, config.aliases, config.health))
-    Gate(config.api_keys, required=config.require_api_key)  # key files readable, keys set
+    """Load ``path``, build its policies and resolve its API keys; raises ConfigError with
+    every error of the three at once."""
+    errors: list[tuple[str, str]] = []
+    config = read_config(path, errors)
+    try:
+        build_policies(config, Pool(config.backends, config.aliases, config.health))
+    except ConfigError as exc:
+        errors.extend(exc.errors)
+    try:
+        Gate(config.api_keys, required=config.require_api_key)  # key files readable, keys set
+    except ConfigError as exc:
+        errors.extend(exc.errors)
+    if errors:
+        raise ConfigError(errors)
     return config
 
 

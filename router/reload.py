@@ -33,7 +33,7 @@ from aiohttp import web
 from policies.base import Policy
 from router.backends.pool import Pool
 from router.config.model import BackendSpec, ConfigError, RouterConfig
-from router.config.parse import load_config
+from router.config.parse import read_config
 from router.control.auth import Gate
 from router.control.slo import slo_table
 from router.proxy.state import RouterState
@@ -56,8 +56,10 @@ class Reloader:
 
     def reload(self) -> list[tuple[str, str]]:
         """Apply the file's config; the errors that refused it (empty when applied)."""
+        errors: list[tuple[str, str]] = []
+        new = read_config(self._path, errors)
         try:
-            self._apply(load_config(self._path))
+            self._apply(new, errors)
         except ConfigError as exc:
             for key, message in exc.errors:
                 log.warning("reload refused: %s: %s", key, message)
@@ -88,16 +90,19 @@ class Reloader:
         body = orjson.dumps({"status": "reloaded", "path": str(self._path)})
         return web.Response(body=body, content_type="application/json")
 
-    def _apply(self, new: RouterConfig) -> None:
+    def _apply(self, new: RouterConfig, errors: list[tuple[str, str]]) -> None:
+        """Swap ``new`` in; raises ConfigError with ``errors`` (parsing's) and every other."""
         state, old = self._state, self._state.config
-        errors = [
+        restart = [
             (k, "changing it needs a restart")
             for k in _RESTART
             if getattr(new, k) != getattr(old, k)
         ]
         if new.listen.max_body_bytes != old.listen.max_body_bytes:  # aiohttp holds the old one
-            errors.append(("listen.max_body_bytes", "changing it needs a restart"))
-        specs = _backends(old.backends, new.backends, errors)
+            restart.append(("listen.max_body_bytes", "changing it needs a restart"))
+        specs = _backends(old.backends, new.backends, restart)
+        if not errors:  # else ``new`` has fallbacks for wrong values: changes nobody made
+            errors.extend(restart)
         gate: Gate | None = None
         try:
             gate = Gate(

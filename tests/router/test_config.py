@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from router.cli import default_config_path, load_checked
+from router.cli import check_config, default_config_path, load_checked
 from router.config.model import ConfigError
 from router.config.parse import parse_config
 from tests.router.harness import base_config, write_config
@@ -161,3 +162,86 @@ def test_check_config_warns_about_unset_key_variables(tmp_path: Path) -> None:
     assert res.returncode == 0
     assert "warning: backends[0].api_key_env: $SY_TEST_UNSET_BACKEND_KEY is not set" in res.stderr
     assert "warning: api_keys[0].env: $SY_TEST_UNSET_CLIENT_KEY" in res.stderr
+
+
+def test_top_level_policy_and_key_errors_come_together(tmp_path: Path) -> None:
+    # They used to come one stage at a time: policy and key errors only once the rest was fixed.
+    doc = dict(GOOD, listen={"port": 70000})
+    doc["policies"] = {**GOOD["policies"], "bad": {"type": "pinned", "params": {"backend": "z"}}}
+    doc["api_keys"] = [{"name": "k", "file": str(tmp_path / "no-such-key")}]
+    with pytest.raises(ConfigError) as exc:
+        load_checked(write_config(tmp_path, doc))
+    assert [p for p, _ in exc.value.errors] == [
+        "listen.port",
+        "policies.bad.params.backend",
+        "api_keys[0]",
+    ]
+
+
+def test_unknown_keys_are_reported_in_every_section(tmp_path: Path) -> None:
+    typo = {"typo": 1}
+    doc = dict(
+        GOOD,
+        listen={**GOOD["listen"], **typo},
+        backends=[
+            {**GOOD["backends"][0], **typo},
+            {"name": "e", "engine": "vllm", "emulator": {"profile": "vllm", **typo}},
+        ],
+        api_keys=[{"name": "k", "env": "SY_TEST_KEY", **typo}],
+        classification={"rules": [{"class": "batch", "stream": False, **typo}], **typo},
+        policies={
+            **GOOD["policies"],
+            "entry": {"type": "round-robin", **typo},
+            "params": {"type": "round-robin", "params": typo},
+            "plugin": {"type": "pipeline", "params": {"scorers": [{"type": "kv-cache", **typo}]}},
+        },
+        timeouts={"batch": {"idle": 1, **typo}},
+        failover=typo,
+        health=typo,
+        capture={"path": str(tmp_path / "c.jsonl"), **typo},
+        admission={"batch": {"queue_size": 1, **typo}, **typo},
+        shadow={"round-robin": {"backend": "a", **typo}, "class-split": None},
+        limits=typo,
+        shutdown=typo,
+        **typo,
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_checked(write_config(tmp_path, doc))
+    unknown = {p for p, m in exc.value.errors if m.startswith("unknown key")}
+    assert unknown == {"typo"} | {
+        f"{section}.typo"
+        for section in (
+            "listen",
+            "backends[0]",
+            "backends[1].emulator",
+            "api_keys[0]",
+            "classification",
+            "classification.rules[0]",
+            "policies.entry",
+            "policies.params.params",
+            "policies.plugin.params.scorers[0]",
+            "timeouts.batch",
+            "failover",
+            "health",
+            "capture",
+            "admission",
+            "admission.batch",
+            "shadow.round-robin",
+            "limits",
+            "shutdown",
+        )
+    }
+    assert ("shadow.class-split", "is required") in exc.value.errors
+
+
+def test_check_config_refuses_a_factory_that_builds_no_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It used to print "ok", and at serve time requests naming the policy got a 500.
+    module = types.ModuleType("sy_test_no_policy")
+    module.make = lambda name, params, backends: object()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    doc = dict(GOOD, policies={**GOOD["policies"], "custom": {"type": f"{module.__name__}:make"}})
+    assert check_config(write_config(tmp_path, doc)) == 2
+    err = capsys.readouterr().err
+    assert f"policies.custom.type: '{module.__name__}:make' did not return a Policy" in err

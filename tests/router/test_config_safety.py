@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from router.app import build_app
 from router.cli import check_config
 from router.config.model import ConfigError
 from router.config.parse import load_config
@@ -65,6 +67,7 @@ def test_errors_say_what_kind_was_found_never_the_value(
         "api_keys[3].file: expected a non-empty string, got mapping",
         "api_keys[3].name: expected a non-empty string, got number",
         "capture.redaction: expected one of none, hash, drop, got string",
+        "policies.p.params.engine: expected a non-empty string, got list",
     ):
         assert line in err
 
@@ -93,3 +96,35 @@ def test_check_config_exits_2_for_a_file_that_is_not_utf8(tmp_path: Path) -> Non
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2, res.stderr
     assert "not UTF-8 text" in res.stderr and "Traceback" not in res.stderr
+
+
+async def test_reload_answers_400_without_values_and_keeps_the_config(tmp_path: Path) -> None:
+    path = write_config(tmp_path, GOOD)
+    async with TestClient(TestServer(build_app(load_config(path), config_path=path))) as client:
+
+        async def reload() -> tuple[int, str]:
+            async with client.post("/switchyard/reload") as reply:
+                return reply.status, (await reply.json())["error"]["message"]
+
+        path.write_bytes(NOT_YAML_TEXT["not UTF-8"])
+        status, message = await reload()
+        assert status == 400 and "not UTF-8 text" in message and SECRET not in message
+        write_config(tmp_path, _secrets_everywhere())
+        status, message = await reload()
+        assert status == 400 and "api_keys[1].env" in message and SECRET not in message
+        # every stage's errors in one answer: top level, a policy's params, an API key's file
+        write_config(
+            tmp_path,
+            dict(
+                GOOD,
+                default_policy="nope",
+                policies={**GOOD["policies"], "p": {"type": "pinned", "params": {}}},
+                api_keys=[{"name": "k", "file": str(tmp_path / "absent")}],
+            ),
+        )
+        status, message = await reload()
+        assert status == 400
+        for key in ("default_policy:", "policies.p.params.backend:", "api_keys[0]:"):
+            assert key in message
+        async with client.get("/switchyard/policies") as reply:
+            assert {p["name"] for p in await reply.json()} == set(GOOD["policies"])
