@@ -68,8 +68,8 @@ def build_app(
 
     With ``config_path``, ``POST /switchyard/reload`` (and :data:`RELOADER`) reload from it.
     """
-    pool = Pool(config.backends, config.aliases, config.health)
     metrics = metrics if metrics is not None else Metrics()
+    pool = Pool(config.backends, config.aliases, config.health, on_panic=metrics.panic_routing)
     policies = build_policies(config, pool, metrics)
     state = RouterState(
         config=config,
@@ -131,7 +131,9 @@ def _routes(app: web.Application, state: RouterState) -> None:
         return _json({"status": "ok", "pid": os.getpid()})
 
     async def ready(_: web.Request) -> web.Response:
-        healthy = [b.name for b in state.pool.backends if b.healthy]
+        # Active probes only: breakers opened by passive ejection must not make every replica
+        # unready at once (traffic still flows to them in panic mode).
+        healthy = [b.name for b in state.pool.backends if b.probe_ok]
         if not healthy:
             return error_response(RouterError(503, "no healthy backend", code="not_ready"))
         return _json({"status": "ready", "healthy": healthy})

@@ -1,11 +1,13 @@
 """Per-backend outlier ejection (a circuit breaker driven by real requests).
 
-Closed: requests flow; ``failures_to_eject`` consecutive failures (connect errors, timeouts,
-5xx) open it. Open: the backend gets no requests for the current cooldown. Half-open: once
-the cooldown has passed, exactly one request at a time is let through as a probe; its
-success closes the breaker and resets the cooldown, its failure opens it again for twice the
-previous cooldown (up to ``cooldown_max``), so a backend that keeps failing is tried less and
-less often.
+Closed: requests flow; ``failures_to_eject`` consecutive failures open it, unless the pool
+says no more backends may be out (``may_eject``: the ejection cap), in which case it stays
+closed and the next failure asks again. Which failures are the backend's is decided by the
+caller (router.proxy.upstream); the breaker only counts. Open: the backend gets no requests
+for the current cooldown. Half-open: once the cooldown has passed, exactly one request at a
+time is let through as a probe; its success closes the breaker and resets the cooldown, its
+failure opens it again for twice the previous cooldown (up to ``cooldown_max``), so a backend
+that keeps failing is tried less and less often.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Breaker:
         "_cooldown",
         "_failures",
         "_max",
+        "_may_eject",
         "_open_until",
         "_threshold",
         "ejections",
@@ -29,9 +32,15 @@ class Breaker:
     )
 
     def __init__(
-        self, threshold: int, cooldown: float, cooldown_max: float, clock: Callable[[], float]
+        self,
+        threshold: int,
+        cooldown: float,
+        cooldown_max: float,
+        clock: Callable[[], float],
+        may_eject: Callable[[], bool] = lambda: True,
     ) -> None:
         self._threshold = threshold
+        self._may_eject = may_eject
         self._base = cooldown
         self._max = max(cooldown, cooldown_max)
         self._clock = clock
@@ -48,6 +57,11 @@ class Breaker:
         if self._open_until is None:
             return "closed"
         return "open" if self._clock() < self._open_until else "half-open"
+
+    @property
+    def ejected(self) -> bool:
+        """Open or half-open: out of service until a probe succeeds."""
+        return self._open_until is not None
 
     def allows(self) -> bool:
         """Whether a new request may be sent now."""
@@ -78,7 +92,7 @@ class Breaker:
                 self._eject()
             return
         self._failures += 1
-        if self._failures >= self._threshold:
+        if self._failures >= self._threshold and self._may_eject():
             self._eject()
 
     def _eject(self) -> None:

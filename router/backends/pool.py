@@ -1,7 +1,14 @@
-"""Live backend state (in-flight work, health, models, scraped load) and candidate snapshots."""
+"""Live backend state (in-flight work, health, models, scraped load) and candidate snapshots.
+
+Two pool-wide guards keep passive ejection from taking a fleet down (as Envoy's outlier
+detection does): at most ``max_ejected_fraction`` of all backends may be ejected at once, and
+when every backend serving a model is out, the model is served by all of them anyway (panic
+mode).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +25,13 @@ Clock = Callable[[], float]
 class BackendState:
     """One backend as the router sees it. Mutated only from the event loop."""
 
-    def __init__(self, spec: BackendSpec, health: HealthSettings, clock: Clock) -> None:
+    def __init__(
+        self,
+        spec: BackendSpec,
+        health: HealthSettings,
+        clock: Clock,
+        may_eject: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.spec = spec
         self._health = health
         self._clock = clock
@@ -29,7 +42,7 @@ class BackendState:
         self.probe_ok = True
         self._probe_failures = 0
         self.breaker = Breaker(
-            health.failures_to_eject, health.cooldown, health.cooldown_max, clock
+            health.failures_to_eject, health.cooldown, health.cooldown_max, clock, may_eject
         )
         self.discovered_models: tuple[str, ...] = ()
         self.load: EngineLoad | None = None
@@ -171,7 +184,11 @@ class BackendLease:
 
 
 class Pool:
-    """All backends plus model aliases: which backends can serve a model, under what name."""
+    """All backends plus model aliases: which backends can serve a model, under what name.
+
+    The ejection cap counts all backends, not a model's: Envoy caps a cluster, and a router's
+    backends are one. A model served by only some of them is covered by panic mode instead.
+    """
 
     def __init__(
         self,
@@ -179,10 +196,18 @@ class Pool:
         aliases: Mapping[str, Mapping[str, str]],
         health: HealthSettings,
         clock: Clock = time.monotonic,
+        on_panic: Callable[[str], None] = lambda model: None,
     ) -> None:
-        self.backends = [BackendState(s, health, clock) for s in specs]
+        # The epsilon keeps 0.3 * 10 from rounding down to 2.
+        self._max_ejected = math.floor(health.max_ejected_fraction * len(specs) + 1e-9)
+        self._on_panic = on_panic
+        self.backends = [BackendState(s, health, clock, self._may_eject) for s in specs]
         self.by_name = {b.name: b for b in self.backends}
         self.aliases = aliases
+
+    def _may_eject(self) -> bool:
+        """The ejection cap: one more backend may be ejected without passing it."""
+        return sum(b.breaker.ejected for b in self.backends) < self._max_ejected
 
     def upstream_model(self, backend: BackendState, model: str) -> str | None:
         """The model name ``backend`` knows client ``model`` by; None if it cannot serve it."""
@@ -198,12 +223,20 @@ class Pool:
         return any(self.upstream_model(b, model) is not None for b in self.backends)
 
     def candidates(self, model: str) -> list[Candidate]:
-        """Healthy backends that can serve ``model``, as snapshots for a policy."""
-        return [
-            b.candidate()
-            for b in self.backends
-            if b.healthy and self.upstream_model(b, model) is not None
-        ]
+        """Healthy backends that can serve ``model``, as snapshots for a policy.
+
+        Panic mode: when none of them is healthy (probes failing or breaker open), all of
+        them are offered as healthy. A whole fleet found out is more often a wrong verdict (or
+        one about to expire) than a dead fleet, and an attempt costs little next to a certain
+        503; failover still moves past the ones that really are down.
+        """
+        serving = [b for b in self.backends if self.upstream_model(b, model) is not None]
+        healthy = [b.candidate() for b in serving if b.healthy]
+        if healthy or not serving:
+            return healthy
+        # Backends listing no models serve any name: label only names the pool knows.
+        self._on_panic(model if model in self.model_ids() else "other")
+        return [replace(b.candidate(), healthy=True) for b in serving]
 
     def model_ids(self) -> list[str]:
         """The union of every backend's models and the configured aliases, sorted."""

@@ -153,6 +153,9 @@ class HealthSettings:
     cooldown: float = 10.0
     """Seconds a passively ejected backend stays out first; doubles after a failed probe."""
     cooldown_max: float = 300.0
+    max_ejected_fraction: float = 0.5
+    """Share of all backends passive ejection may hold out at once (rounded down): a breaker
+    that would pass it stays closed. Backends that fail their probes do not count."""
     models_refresh: float = 30.0
     scrape_metrics: bool = True
     scrape_interval: float = 1.0

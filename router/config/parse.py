@@ -334,6 +334,9 @@ def _health(m: Reader) -> HealthSettings:
         failures_to_eject=m.integer("failures_to_eject", d.failures_to_eject, low=1),
         cooldown=m.number("cooldown", d.cooldown, low=0.0),
         cooldown_max=m.number("cooldown_max", d.cooldown_max, low=0.0),
+        max_ejected_fraction=m.number(
+            "max_ejected_fraction", d.max_ejected_fraction, low=0.0, high=1.0
+        ),
         models_refresh=m.number("models_refresh", d.models_refresh, low=0.1),
         scrape_metrics=m.flag("scrape_metrics", d.scrape_metrics),
         scrape_interval=m.number("scrape_interval", d.scrape_interval, low=0.01),

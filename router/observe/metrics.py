@@ -166,6 +166,13 @@ class Metrics:
             ["policy"],
             registry=r,
         )
+        self._panic = Counter(
+            "switchyard_panic_routing_total",
+            "Routing decisions made in panic mode: every backend serving the model was out, "
+            "so all of them were offered (model: other for a name no backend lists).",
+            ["model"],
+            registry=r,
+        )
         self._dropped = Counter(
             "switchyard_capture_dropped_total",
             "Capture entries dropped because the writer's queue was full.",
@@ -259,6 +266,9 @@ class Metrics:
 
     def shadow_dropped(self, policy: str) -> None:
         self._shadow_dropped.labels(policy).inc()
+
+    def panic_routing(self, model: str) -> None:
+        self._panic.labels(model).inc()
 
     def capture_dropped(self) -> None:
         self._dropped.inc()

@@ -127,14 +127,18 @@ def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path)
             assert 'switchyard_backend_up{backend="victim"} 0.0' in text
 
 
-def test_no_healthy_backend_is_503_and_not_ready(tmp_path: Path) -> None:
+def test_no_healthy_backend_is_not_ready_and_tried_anyway(tmp_path: Path) -> None:
     doc = base_config([("dead", "vllm", f"http://127.0.0.1:{free_port()}")])
     doc["health"] = {"interval": 0.05, "timeout": 0.2, "failures_to_eject": 1}
     with start_router(write_config(tmp_path, doc)) as router:
         assert wait_for(lambda: get(router.url + "/ready").status == 503)
         with pytest.raises(openai.APIStatusError) as exc:
             client_for(router.url).chat.completions.create(model=MODEL, messages=CHAT)  # type: ignore[arg-type]
-        assert exc.value.status_code == 503
+        # Panic mode: the probes' verdict does not stop the attempt; the backend refuses it.
+        assert exc.value.status_code == 502
+        assert exc.value.response.headers["x-switchyard-backend"] == "dead"
+        text = get(router.url + "/metrics").text
+    assert metric(text, r'switchyard_panic_routing_total\{model="other"\}') == 1
 
 
 def test_stall_before_headers_times_out_on_each_backend(good: Process, tmp_path: Path) -> None:

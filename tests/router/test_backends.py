@@ -1,9 +1,12 @@
-"""Backend state: in-flight accounting, passive ejection with cooldown, probes, aliases."""
+"""Backend state: in-flight accounting, passive ejection with cooldown and its cap, probes,
+aliases, panic mode."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from policies.types import EngineLoad, RequestInfo
-from router.backends.pool import Pool
+from router.backends.pool import BackendState, Pool
 from router.config.model import BackendSpec, HealthSettings
 
 HEALTH = HealthSettings(failures_to_eject=2, cooldown=10.0)
@@ -91,7 +94,7 @@ def test_models_and_aliases() -> None:
     assert [c.name for c in p.candidates("alias")] == ["a"]
     a.probe_result(False)
     a.probe_result(False)
-    assert p.candidates("alias") == []
+    assert [c.name for c in p.candidates("m2")] == ["b"]
     assert p.any_healthy()
 
 
@@ -111,3 +114,76 @@ def test_first_probe_decides_alone() -> None:
     assert not a.healthy
     a.probe_result(True)
     assert a.healthy
+
+
+def fail(backend: BackendState, times: int = 1) -> None:
+    req = RequestInfo("r", "chat", "m", "interactive", prompt_tokens=1)
+    for _ in range(times):
+        lease = backend.lease(req)
+        lease.release()
+        lease.failed()
+
+
+def flat_pool(clock: FakeClock, n: int, fraction: float = 0.5) -> Pool:
+    specs = [BackendSpec(f"b{i}", "vllm", f"http://h:{i}") for i in range(n)]
+    return Pool(specs, {}, replace(HEALTH, max_ejected_fraction=fraction), clock)
+
+
+def test_at_most_the_configured_share_of_backends_is_ejected() -> None:
+    clock = FakeClock()
+    p = flat_pool(clock, 2)
+    b0, b1 = p.backends
+    fail(b0, 2)
+    assert b0.breaker.state == "open"
+    fail(b1, 5)
+    assert b1.breaker.state == "closed" and b1.healthy  # a second would pass half of two
+    clock.now += HEALTH.cooldown
+    lease = b0.lease(RequestInfo("r", "chat", "m", "interactive", prompt_tokens=1))
+    lease.ok()  # b0's half-open probe succeeds: b0 is back, so b1 may go
+    lease.release()
+    fail(b1)
+    assert b0.breaker.state == "closed" and b1.breaker.state == "open"
+
+
+def test_the_cap_rounds_down_and_zero_turns_ejection_off() -> None:
+    clock = FakeClock()
+    three = flat_pool(clock, 3)
+    for b in three.backends:
+        fail(b, 2)
+    assert [b.breaker.state for b in three.backends] == ["open", "closed", "closed"]
+    ten = flat_pool(clock, 10, 0.3)
+    for b in ten.backends:
+        fail(b, 2)
+    assert sum(b.breaker.ejected for b in ten.backends) == 3
+    off = flat_pool(clock, 4, 0.0)
+    for b in off.backends:
+        fail(b, 2)
+    assert all(b.healthy for b in off.backends)
+
+
+def test_panic_mode_offers_every_backend_of_a_model_when_all_are_out() -> None:
+    clock = FakeClock()
+    panics: list[str] = []
+    specs = [
+        BackendSpec("a", "vllm", "http://h:1", models=("m1",)),
+        BackendSpec("b", "vllm", "http://h:2", models=("m1",)),
+        BackendSpec("c", "vllm", "http://h:3", models=("m2",)),
+    ]
+    p = Pool(specs, {}, HEALTH, clock, on_panic=panics.append)
+    a, b, _ = p.backends
+    fail(a, 2)  # ejected (one of three is within half)
+    assert [x.name for x in p.candidates("m1")] == ["b"] and panics == []
+    b.probe_result(False, first=True)  # and b fails its probes: m1 has no healthy backend
+    offered = p.candidates("m1")
+    assert [(x.name, x.healthy) for x in offered] == [("a", True), ("b", True)]
+    assert panics == ["m1"]
+    assert [x.name for x in p.candidates("m2")] == ["c"]  # other models are not affected
+    assert p.candidates("m3") == [] and panics == ["m1"]  # no backend serves it: no panic
+
+
+def test_panic_for_a_name_no_backend_lists_is_counted_as_other() -> None:
+    panics: list[str] = []
+    p = Pool([BackendSpec("any", "vllm", "http://h:1")], {}, HEALTH, FakeClock(), panics.append)
+    p.backends[0].probe_result(False, first=True)
+    assert [x.name for x in p.candidates("whatever-a-client-sent")] == ["any"]
+    assert panics == ["other"]

@@ -60,3 +60,14 @@ def test_late_answers_from_before_the_ejection_do_not_decide() -> None:
     assert b.state == "open"
     b.failed()  # and another one failing does not grow the cooldown
     assert b.cooldown == 5.0
+
+
+def test_a_breaker_the_cap_holds_back_stays_closed_and_asks_again_at_the_next_failure() -> None:
+    allowed = [False]
+    b = Breaker(2, 1.0, 8.0, Clock(), may_eject=lambda: allowed[0])
+    for _ in range(5):
+        b.failed()
+    assert b.state == "closed" and b.allows() and not b.ejected
+    allowed[0] = True
+    b.failed()
+    assert b.state == "open" and b.ejected and b.ejections == 1
