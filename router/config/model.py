@@ -77,7 +77,8 @@ class ApiKeySpec:
 
 @dataclass(frozen=True, slots=True)
 class LimitSettings:
-    """Connection-level limits of the listening socket (see router.server.site)."""
+    """Connection-level limits of the listening socket (see router.server.site), and how much
+    of a backend's answer the router holds at once (see router.proxy.relay)."""
 
     max_connections: int = 10000
     idle_seconds: float = 75.0
@@ -89,6 +90,12 @@ class LimitSettings:
     """A client that reads nothing of its answer for this long is disconnected."""
     body_seconds: float = 30.0
     """Longest time a request body may take to arrive (408 after)."""
+    max_upstream_event_bytes: int = 1 << 20
+    """Largest SSE event a backend may send; a larger one ends the stream with an error event
+    and counts as the backend's failure."""
+    max_upstream_body_bytes: int = 64 << 20
+    """Largest non-streamed answer a backend may send; a larger one gets the client a 502 and
+    counts as the backend's failure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +140,20 @@ class ClassTimeouts:
     first_byte: float | None = 60.0
     """From sending the request to the upstream's response headers."""
     idle: float | None = 60.0
-    """Longest gap between two chunks of a response."""
+    """Longest gap between two chunks of a streamed response."""
     total: float | None = None
+    """From sending the request to the response's last byte."""
+    non_stream_total: float | None = 600.0
+    """The same for a non-streamed request, which has no first-byte or idle bound of its own
+    (a hung backend would hold it forever); ``total`` applies too when it is smaller."""
+
+    def deadline(self, stream: bool) -> float | None:
+        """Seconds from sending a request to its response's last byte (None: unbounded)."""
+        if stream or self.non_stream_total is None:
+            return self.total
+        if self.total is None:
+            return self.non_stream_total
+        return min(self.total, self.non_stream_total)
 
 
 @dataclass(frozen=True, slots=True)

@@ -309,6 +309,7 @@ def _timeouts(m: Reader) -> dict[str, ClassTimeouts]:
                 first_byte=t.bound("first_byte", d.first_byte),
                 idle=t.bound("idle", d.idle),
                 total=t.bound("total", d.total),
+                non_stream_total=t.bound("non_stream_total", d.non_stream_total),
             )
             t.done()
     m.done()
@@ -418,6 +419,12 @@ def _limits(m: Reader) -> LimitSettings:
         max_header_bytes=m.integer("max_header_bytes", d.max_header_bytes, low=64),
         write_timeout=m.number("write_timeout", d.write_timeout, low=0.01),
         body_seconds=m.number("body_seconds", d.body_seconds, low=0.01),
+        max_upstream_event_bytes=m.integer(
+            "max_upstream_event_bytes", d.max_upstream_event_bytes, low=1024
+        ),
+        max_upstream_body_bytes=m.integer(
+            "max_upstream_body_bytes", d.max_upstream_body_bytes, low=1024
+        ),
     )
     m.done()
     return out
