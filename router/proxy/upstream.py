@@ -9,9 +9,11 @@ exponential backoff). Once :func:`open_upstream` has returned, the caller never 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import orjson
 from multidict import CIMultiDict
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -26,6 +28,7 @@ from router.proxy.connection import (
     request_head,
     split_url,
 )
+from router.server.errors import RouterError
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus what the router sets itself or must not pass on.
 _DROP_UPSTREAM = frozenset(
@@ -67,8 +70,28 @@ _DROP_DOWNSTREAM = frozenset(
         "date",
         "server",
         "x-request-id",
+        # The backend's own side: its cookies and auth challenges, the proxies it sits behind,
+        # its software. None of it is the client's, and it may name internal hosts.
+        "set-cookie",
+        "set-cookie2",
+        "www-authenticate",
+        "via",
+        "x-powered-by",
+        "x-served-by",
+        "x-backend-server",
+        "x-runtime",
+        "x-aspnet-version",
+        "alt-svc",
+        "nel",
+        "report-to",
+        "reporting-endpoints",
     }
 )
+# Prefixes of what proxies and load balancers in front of an engine add.
+_DROP_DOWNSTREAM_PREFIXES = ("x-upstream-", "x-envoy-", "x-forwarded-", "x-real-", "x-amz")
+_LOGGED_BODY = 300  # bytes of a replaced error body shown in the log
+_MAX_MESSAGE = 1000  # characters of an engine's own error message passed on
+log = logging.getLogger("router")
 _MAX_ERROR_BODY = 64 * 1024
 _ERROR_BODY_SECONDS = 5.0  # an error answer whose body never ends must not hold failover up
 
@@ -95,11 +118,76 @@ def upstream_headers(
 
 
 def downstream_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
-    """The upstream response's end-to-end headers plus the router's own."""
+    """The upstream response's end-to-end headers, less the backend's infrastructure (see
+    :data:`_DROP_DOWNSTREAM`), plus the router's own."""
     drop = _DROP_DOWNSTREAM | _connection_tokens(upstream)
-    out = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+    out = CIMultiDict(
+        (k, v)
+        for k, v in upstream.items()
+        if (n := k.lower()) not in drop and not n.startswith(_DROP_DOWNSTREAM_PREFIXES)
+    )
     out.update(extra)
     return out
+
+
+class UpstreamFault(RouterError):
+    """What the client gets instead of a backend's answer that must not reach it as sent
+    (none of that answer has reached it yet).
+
+    ``kind`` names the protocol error it was, for ``switchyard_upstream_protocol_errors_total``;
+    ``failed`` says whether it counts as the backend's failure.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str,
+        kind: str | None = None,
+        failed: bool = True,
+    ) -> None:
+        super().__init__(status, message, code=code)
+        self.kind = kind
+        self.failed = failed
+
+
+def replacement_error(status: int, body: bytes, backend: str) -> UpstreamFault | None:
+    """What the client gets instead of a backend's error answer; None: ``body`` is OpenAI
+    error JSON, which it gets as is.
+
+    Otherwise an OpenAI error with the same status: an engine's JSON error of another shape
+    (vLLM's and SGLang's ``{"object": "error", "message": ...}``, TGI's ``{"error": "..."}``)
+    keeps its message; anything else (an HTML page from a proxy, which may name internal
+    hosts or carry credentials) is logged at warning, truncated, and never sent.
+    """
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        err = doc.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return None
+        message = doc.get("message") if doc.get("object") == "error" else err
+        if isinstance(message, str):
+            return UpstreamFault(
+                status, message[:_MAX_MESSAGE], code="upstream_error", failed=False
+            )
+    if body:
+        log.warning(
+            "backend %s answered %d with a body that is not OpenAI error JSON (not passed on): %r",
+            backend,
+            status,
+            body[:_LOGGED_BODY],
+        )
+    return UpstreamFault(
+        status,
+        f"backend {backend} answered {status}",
+        code="upstream_error",
+        kind="bad_error_body" if body else None,
+        failed=False,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +304,7 @@ async def _attempt(
                 request,
                 target.body,
                 connect_timeout=timeouts.connect,
-                deadline=timeouts.total,
+                deadline=timeouts.deadline(req.stream),
             )
     except (TimeoutError, UpstreamError) as exc:
         lease.release()
