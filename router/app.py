@@ -192,7 +192,11 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     connections = ConnectionPool()
     writer = None
     if state.config.capture is not None:
-        writer = CaptureWriter(state.config.capture, on_drop=state.metrics.capture_dropped)
+        writer = CaptureWriter(
+            state.config.capture,
+            on_drop=state.metrics.capture_dropped,
+            on_degraded=state.metrics.capture_degraded,
+        )
         await writer.start()
     state.started(session, connections, writer)
     monitor = HealthMonitor(state.pool, session, state.config.health)

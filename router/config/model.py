@@ -189,6 +189,9 @@ class CaptureSettings:
     rotate_bytes: int | None = None
     headers: tuple[str, ...] = DEFAULT_CAPTURE_HEADERS
     queue_size: int = 10000
+    hash_key: bytes | None = field(default=None, repr=False)
+    """The secret (from ``hash_key_env`` or ``hash_key_file``) that keys the ``hash`` filler
+    and the sample; None: a random one per process (see router.observe.capture)."""
 
 
 @dataclass(frozen=True, slots=True)

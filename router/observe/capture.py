@@ -2,53 +2,110 @@
 
 The request path only calls :meth:`CaptureWriter.record`, which samples and puts the finished
 request on a bounded queue without blocking; a full queue drops it and calls ``on_drop`` (the
-router counts it in ``switchyard_capture_dropped_total``). A background task drains the queue,
-derives each request's record, redacts it (router.observe.redact) and serialises it to a
-capture line (common.capture); a worker thread pipes each batch to the sink process
-(router.observe.sink) that owns the file. Nothing waits in user-space buffers, so lines reach
-the file as soon as the writer task has them (well within a second).
+router counts it in ``switchyard_capture_dropped_total{reason}``). A background task drains
+the queue and hands each batch to a worker thread, which derives each request's record,
+redacts it (router.observe.redact), serialises it to a capture line (common.capture) and
+pipes the batch to the sink process (router.observe.sink) that owns the file. Nothing waits
+in user-space buffers, so lines reach the file as soon as the writer has them (well within a
+second), and a large body's redaction does not hold up the event loop.
+
+No request that reaches the writer escapes the file: a record that cannot be written as it
+is (a body nested deeper than a line can be, text that is not UTF-8) is written with its body
+replaced and counted by ``on_degraded``.
+
+One secret keys both the ``hash`` filler and sampling, so that neither can be predicted by a
+client: ``capture.hash_key_env`` or ``hash_key_file``, the same in every worker and replica;
+without one, a random key per process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import logging
 import os
+import secrets
 import subprocess
 import sys
 import time
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
-from common.capture import CaptureRecord, dump_line
+import orjson
+
+from common.capture import CaptureRecord, Response, dump_line
 from router.config.model import CaptureSettings
 from router.observe.redact import prompt_size, redact
 from router.observe.sink import open_append, write_all
 
+log = logging.getLogger("router")
 # Never written, whatever the allow-list says.
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 _BATCH = 512
+# The `_switchyard` note of a line written with its body replaced.
+_NOT_ENCODABLE = "body not encodable"
 
 
 class Capturable(Protocol):
     """A finished request that can be written as a capture line (router.proxy.exchange)."""
 
-    request_id: str
+    @property
+    def request_id(self) -> str:
+        """The request's id (``X-Request-Id``, or the router's), the line's ``custom_id``."""
+        ...
 
     def capture_record(self, t0: float) -> CaptureRecord:
         """The request's record before redaction; ``t_offset_ms`` counts from ``t0``."""
         ...
 
 
+def _subkey(secret: bytes, purpose: bytes) -> bytes:
+    """A key for one purpose, so that the filler and the sample reveal nothing of each other."""
+    return hmac.new(secret, purpose, hashlib.sha256).digest()
+
+
+def _utf8(s: str) -> str:
+    return s.encode("utf-8", "replace").decode("utf-8")
+
+
+def _encodes(value: object) -> bool:
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return False
+    return True
+
+
 class CaptureWriter:
     """Writes finished requests to the capture file in the background (see module doc)."""
 
-    def __init__(self, settings: CaptureSettings, *, on_drop: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        settings: CaptureSettings,
+        *,
+        on_drop: Callable[[str], None],
+        on_degraded: Callable[[str], None],
+    ) -> None:
+        """``on_drop(reason)``: a request not written (``queue_full``, ``not_running``,
+        ``sink_gone``, ``unencodable``, ``error``); ``on_degraded(reason)``: one written with
+        its body replaced (``unencodable``)."""
         self._settings = settings
         self._on_drop = on_drop
+        self._on_degraded = on_degraded
         self._allow = frozenset(h.lower() for h in settings.headers) - _SECRET_HEADERS
-        # Sampling by request id: deterministic, and the same id is kept or dropped everywhere.
+        secret = settings.hash_key
+        if secret is None:
+            secret = secrets.token_bytes(32)
+            if settings.redaction == "hash":
+                log.warning(
+                    "capture: redaction hash without hash_key_env or hash_key_file: a random "
+                    "key for this process, so the same text hashes differently in other "
+                    "workers, replicas and after a restart"
+                )
+        self._text_key = _subkey(secret, b"switchyard capture text")
+        self._sample_key = _subkey(secret, b"switchyard capture sample")
         self._threshold = int(min(max(settings.sample_rate, 0.0), 1.0) * 2**32)
         self._queue: asyncio.Queue[Capturable | None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -63,17 +120,28 @@ class CaptureWriter:
         self._queue = asyncio.Queue(maxsize=self._settings.queue_size)
         self._task = asyncio.create_task(self._run(), name="capture-writer")
 
+    def sampled(self, request_id: str) -> bool:
+        """Whether ``request_id`` is in the sample: a keyed hash, so a client cannot pick ids
+        that stay out of it; the same id is in or out in every worker sharing the key."""
+        if self._threshold >= 2**32:
+            return True
+        digest = hashlib.blake2b(
+            request_id.encode("utf-8", "surrogatepass"), key=self._sample_key, digest_size=4
+        ).digest()
+        return int.from_bytes(digest, "big") < self._threshold
+
     def record(self, entry: Capturable) -> None:
         """Queue ``entry`` if sampled; never blocks or raises; a full queue calls ``on_drop``."""
-        if self._threshold < 2**32 and zlib.crc32(entry.request_id.encode()) >= self._threshold:
+        if not self.sampled(entry.request_id):
             return
         queue = self._queue
+        if queue is None or self._task is None or self._task.done():
+            self._on_drop("not_running")
+            return
         try:
-            if queue is None or self._task is None or self._task.done():
-                raise asyncio.QueueFull
             queue.put_nowait(entry)
         except asyncio.QueueFull:
-            self._on_drop()
+            self._on_drop("queue_full")
 
     async def aclose(self) -> None:
         """Write everything queued, close the pipe and wait for the sink to finish the file."""
@@ -96,38 +164,52 @@ class CaptureWriter:
             batch = [await queue.get()]
             while len(batch) < _BATCH and not queue.empty():
                 batch.append(queue.get_nowait())
-            lines: list[bytes] = []
-            for entry in batch:
-                if entry is None:
-                    closing = True
-                    continue
-                try:
-                    lines.append(self._line(entry))
-                except Exception:  # a malformed entry must not stop the writer
-                    self._on_drop()
-            if lines:
-                try:
-                    await asyncio.to_thread(write_all, self._pipe, b"".join(lines))
-                except OSError:  # the sink is gone
-                    for _ in lines:
-                        self._on_drop()
+            entries = [e for e in batch if e is not None]
+            closing = len(entries) < len(batch)
+            if entries:
+                await asyncio.to_thread(self._write, entries)
 
-    def _line(self, source: Capturable) -> bytes:
+    # The methods below run in a worker thread; only the writer task calls them, one at a time.
+
+    def _write(self, entries: list[Capturable]) -> None:
+        lines: list[bytes] = []
+        for entry in entries:
+            try:
+                line = self._line(entry)
+            except Exception:  # a malformed entry must not stop the writer
+                log.exception("capture: a request's record failed")
+                self._on_drop("error")
+                continue
+            if line is not None:
+                lines.append(line)
+        if not lines:
+            return
+        try:
+            write_all(self._pipe, b"".join(lines))
+        except OSError:  # the sink is gone
+            for _ in lines:
+                self._on_drop("sink_gone")
+
+    def _line(self, source: Capturable) -> bytes | None:
         rec = source.capture_record(self._t0)
         mode = self._settings.redaction
         resp = rec.resp
         if mode == "drop" and resp is not None and resp.prompt_tokens is None:
             # Keep the prompt's size so that a replay can synthesize one as long.
             resp = replace(resp, prompt_tokens=prompt_size(rec.body))
-        rec = replace(
-            rec,
-            body=redact(dict(rec.body), mode),
-            headers={k.lower(): v for k, v in rec.headers.items() if k.lower() in self._allow},
-            resp=resp,
-        )
-        return dump_line(rec)
-
-    # The methods below run in a worker thread; only the writer task calls them, one at a time.
+        headers = {k.lower(): v for k, v in rec.headers.items() if k.lower() in self._allow}
+        try:
+            body = redact(rec.body, mode, self._text_key)
+            return dump_line(replace(rec, body=body, headers=headers, resp=resp))
+        except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError
+            pass  # not writable as it is: written with the body replaced
+        try:
+            line = dump_line(_stand_in(rec, headers, resp))
+        except (TypeError, ValueError):
+            self._on_drop("unencodable")
+            return None
+        self._on_degraded("unencodable")
+        return line
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         s = self._settings
@@ -138,3 +220,30 @@ class CaptureWriter:
         assert proc.stdin is not None
         self._pipe = proc.stdin.fileno()
         return proc
+
+
+def _stand_in(
+    rec: CaptureRecord, headers: Mapping[str, str], resp: Response | None
+) -> CaptureRecord:
+    """``rec`` as it can be written: the body replaced by a note (and the model), every other
+    string made UTF-8 (an id or header with undecodable bytes), and the prompt's size kept
+    so that a replay still synthesizes one as long."""
+    body: dict[str, Any] = {}
+    model = rec.body.get("model")
+    if isinstance(model, str):
+        body["model"] = _utf8(model)
+    body["_switchyard"] = _NOT_ENCODABLE
+    if resp is not None:
+        if resp.prompt_tokens is None:
+            resp = replace(resp, prompt_tokens=prompt_size(rec.body))
+        if resp.finish_reason is not None:
+            resp = replace(resp, finish_reason=_utf8(resp.finish_reason))
+        if resp.error is not None and not _encodes(resp.error):
+            resp = replace(resp, error={"message": "error not encodable"})
+    return replace(
+        rec,
+        custom_id=_utf8(rec.custom_id),
+        body=body,
+        headers={_utf8(k): _utf8(v) for k, v in headers.items()},
+        resp=resp,
+    )

@@ -175,7 +175,15 @@ class Metrics:
         )
         self._dropped = Counter(
             "switchyard_capture_dropped_total",
-            "Capture entries dropped because the writer's queue was full.",
+            "Sampled requests not captured, by reason (queue_full, not_running, sink_gone, "
+            "unencodable, error).",
+            ["reason"],
+            registry=r,
+        )
+        self._degraded = Counter(
+            "switchyard_capture_degraded_total",
+            "Requests captured with their body replaced, by reason (unencodable).",
+            ["reason"],
             registry=r,
         )
 
@@ -270,8 +278,11 @@ class Metrics:
     def panic_routing(self, model: str) -> None:
         self._panic.labels(model).inc()
 
-    def capture_dropped(self) -> None:
-        self._dropped.inc()
+    def capture_dropped(self, reason: str) -> None:
+        self._dropped.labels(reason).inc()
+
+    def capture_degraded(self, reason: str) -> None:
+        self._degraded.labels(reason).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

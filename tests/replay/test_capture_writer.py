@@ -11,7 +11,7 @@ import textwrap
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 
 from common.capture import CaptureRecord, Observed, Response, Route, iso_utc, parse_line
 from common.tokens import count_chat
-from router.config.model import CaptureSettings
+from router.config.model import CaptureSettings, Redaction
 from router.observe.capture import CaptureWriter
 from router.observe.redact import hash_text, redact
 
@@ -71,10 +71,26 @@ def _lines(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines()
 
 
+KEY = b"capture-test-key-0123456789abcdef"
+
+
+@dataclass
+class _Counts:
+    """What a writer reported: reasons of dropped and of degraded (body replaced) requests."""
+
+    dropped: list[str] = field(default_factory=list)
+    degraded: list[str] = field(default_factory=list)
+
+
+def _writer(settings: CaptureSettings, counts: _Counts | None = None) -> CaptureWriter:
+    c = counts if counts is not None else _Counts()
+    return CaptureWriter(settings, on_drop=c.dropped.append, on_degraded=c.degraded.append)
+
+
 async def test_lines_follow_the_schema_and_the_allow_list(tmp_path: Path) -> None:
     path = tmp_path / "cap.jsonl"
     headers = ("x-request-class", "user-agent", "authorization", "cookie")
-    w = CaptureWriter(CaptureSettings(path=str(path), headers=headers), on_drop=lambda: None)
+    w = _writer(CaptureSettings(path=str(path), headers=headers))
     await w.start()
     for i in range(3):
         w.record(_entry(f"r{i}"))
@@ -96,18 +112,32 @@ async def test_lines_follow_the_schema_and_the_allow_list(tmp_path: Path) -> Non
 
 def test_hash_redaction_keeps_lengths_and_token_counts() -> None:
     text = "Hello, world! What's 2+2?"
-    hashed = hash_text(text)
+    hashed = hash_text(text, KEY)
     assert hashed != text and len(hashed) == len(text)
-    assert hash_text(text) == hashed
-    body = redact(dict(_BODY), "hash")
+    assert hash_text(text, KEY) == hashed
+    body = redact(dict(_BODY), "hash", KEY)
     assert count_chat(body["messages"]) == count_chat(_BODY["messages"])  # type: ignore[arg-type]
     assert "world" not in orjson.dumps(body).decode()
     assert body["max_tokens"] == 5
 
 
+async def test_lines_hash_with_the_configured_key_in_every_writer(tmp_path: Path) -> None:
+    """`--workers`: writers given one key write one filler; another key, another filler."""
+    contents = []
+    for i, key in enumerate((KEY, KEY, KEY[::-1])):
+        path = tmp_path / f"cap{i}.jsonl"
+        w = _writer(CaptureSettings(path=str(path), redaction="hash", hash_key=key))
+        await w.start()
+        w.record(_entry("r0"))
+        await w.aclose()
+        contents.append(parse_line(_lines(path)[0]).body["messages"])
+    assert contents[0] == contents[1] != contents[2]
+    assert "terse" not in str(contents)
+
+
 async def test_drop_redaction_keeps_parameters_and_size(tmp_path: Path) -> None:
     path = tmp_path / "cap.jsonl"
-    w = CaptureWriter(CaptureSettings(path=str(path), redaction="drop"), on_drop=lambda: None)
+    w = _writer(CaptureSettings(path=str(path), redaction="drop"))
     await w.start()
     w.record(_entry("r0"))
     await w.aclose()
@@ -117,37 +147,100 @@ async def test_drop_redaction_keeps_parameters_and_size(tmp_path: Path) -> None:
     assert rec.resp.prompt_tokens == count_chat(_BODY["messages"])  # type: ignore[arg-type]
 
 
-async def test_sampling_is_by_request_id(tmp_path: Path) -> None:
-    path = tmp_path / "cap.jsonl"
-    w = CaptureWriter(CaptureSettings(path=str(path), sample_rate=0.3), on_drop=lambda: None)
-    await w.start()
+async def test_sampling_is_by_a_keyed_hash_of_the_request_id(tmp_path: Path) -> None:
     ids = [f"req-{i}" for i in range(400)]
-    for rid in ids:
-        w.record(_entry(rid))
-    await w.aclose()
-    kept = {parse_line(line).custom_id for line in _lines(path)}
-    expected = {r for r in ids if zlib.crc32(r.encode()) < int(0.3 * 2**32)}
-    assert kept == expected
-    assert 60 < len(kept) < 180
+    kept = []
+    for i, key in enumerate((KEY, KEY, KEY[::-1])):
+        path = tmp_path / f"cap{i}.jsonl"
+        w = _writer(CaptureSettings(path=str(path), sample_rate=0.3, hash_key=key))
+        await w.start()
+        for rid in ids:
+            w.record(_entry(rid))
+        await w.aclose()
+        kept.append({parse_line(line).custom_id for line in _lines(path)})
+    assert kept[0] == kept[1] != kept[2]  # one key: the same id is in or out everywhere
+    assert 60 < len(kept[0]) < 180
+
+
+def test_a_client_cannot_choose_ids_that_are_always_sampled(tmp_path: Path) -> None:
+    """Ids that an unkeyed hash (crc32, as before) would keep are kept at the sample rate."""
+    threshold = int(0.3 * 2**32)
+    chosen = [r for r in (f"pick-{i}" for i in range(2000)) if zlib.crc32(r.encode()) < threshold]
+    for key in (None, KEY):
+        w = _writer(CaptureSettings(path=str(tmp_path / "c.jsonl"), sample_rate=0.3, hash_key=key))
+        kept = sum(w.sampled(r) for r in chosen)
+        assert 0.15 * len(chosen) < kept < 0.45 * len(chosen)
 
 
 async def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
     path = tmp_path / "cap.jsonl"
-    drops: list[int] = []
-    w = CaptureWriter(
-        CaptureSettings(path=str(path), queue_size=4), on_drop=lambda: drops.append(1)
-    )
+    counts = _Counts()
+    w = _writer(CaptureSettings(path=str(path), queue_size=4), counts)
     await w.start()
     for i in range(10):  # synchronous burst: the writer task gets no chance to drain
         w.record(_entry(f"r{i}"))
     await w.aclose()
-    assert len(drops) == 6
+    assert counts.dropped == ["queue_full"] * 6
     assert len(_lines(path)) == 4
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("mode", ["none", "hash", "drop"])
+async def test_a_body_too_deep_to_encode_is_written_replaced_and_counted(
+    tmp_path: Path, mode: Redaction
+) -> None:
+    path = tmp_path / "cap.jsonl"
+    counts = _Counts()
+    w = _writer(CaptureSettings(path=str(path), redaction=mode), counts)
+    await w.start()
+    w.record(_entry("deep", {**_BODY, "metadata": {"k": _nested(300)}}))
+    w.record(_entry("fine"))
+    await w.aclose()
+    deep, fine = (parse_line(line) for line in _lines(path))
+    assert deep.custom_id == "deep" and fine.custom_id == "fine"
+    assert deep.body == {"model": "m", "_switchyard": "body not encodable"}
+    assert deep.resp is not None  # the rest of the record stays, and the prompt's size
+    assert deep.resp.prompt_tokens == count_chat(_BODY["messages"])  # type: ignore[arg-type]
+    assert deep.route is not None and deep.route.backend == "vllm"
+    assert counts.degraded == ["unencodable"] and counts.dropped == []
+
+
+async def test_text_that_is_not_utf8_is_written_replaced_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl"
+    counts = _Counts()
+    w = _writer(CaptureSettings(path=str(path)), counts)
+    await w.start()
+    w.record(_entry("bad\udcff", {"model": "m", "prompt": "a\ud800b"}))
+    await w.aclose()
+    (rec,) = (parse_line(line) for line in _lines(path))
+    assert rec.custom_id == "bad?" and rec.body["_switchyard"] == "body not encodable"
+    assert counts.degraded == ["unencodable"]
+
+
+async def test_a_gone_sink_counts_what_it_loses(tmp_path: Path) -> None:
+    counts = _Counts()
+    w = _writer(CaptureSettings(path=str(tmp_path / "cap.jsonl")), counts)
+    await w.start()
+    proc = w._proc  # the sink process; killing it is what a crash of it would do
+    assert proc is not None
+    proc.kill()
+    proc.wait()
+    w.record(_entry("r0"))
+    await w.aclose()
+    assert counts.dropped == ["sink_gone"]
+    w.record(_entry("r1"))  # after close
+    assert counts.dropped == ["sink_gone", "not_running"]
 
 
 async def test_rotation_keeps_every_line(tmp_path: Path) -> None:
     path = tmp_path / "cap.jsonl"
-    w = CaptureWriter(CaptureSettings(path=str(path), rotate_bytes=2000), on_drop=lambda: None)
+    w = _writer(CaptureSettings(path=str(path), rotate_bytes=2000))
     await w.start()
     for i in range(20):
         w.record(_entry(f"r{i}"))
@@ -169,12 +262,11 @@ _KILL_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, time
     sys.path.insert(0, {root!r})
-    from router.observe.capture import CaptureWriter
     from router.config.model import CaptureSettings
-    from tests.replay.test_capture_writer import _entry
+    from tests.replay.test_capture_writer import _entry, _writer
 
     async def main() -> None:
-        w = CaptureWriter(CaptureSettings(path=sys.argv[1]), on_drop=lambda: None)
+        w = _writer(CaptureSettings(path=sys.argv[1]))
         await w.start()
         print("writing", flush=True)
         i = 0
@@ -224,7 +316,7 @@ def test_kill_9_leaves_only_whole_lines(tmp_path: Path) -> None:
 
 async def test_lines_reach_the_file_within_a_second(tmp_path: Path) -> None:
     path = tmp_path / "cap.jsonl"
-    w = CaptureWriter(CaptureSettings(path=str(path)), on_drop=lambda: None)
+    w = _writer(CaptureSettings(path=str(path)))
     await w.start()
     try:
         w.record(_entry("r0"))
@@ -237,9 +329,7 @@ async def test_lines_reach_the_file_within_a_second(tmp_path: Path) -> None:
 
 
 async def test_an_unwritable_path_fails_at_start(tmp_path: Path) -> None:
-    w = CaptureWriter(
-        CaptureSettings(path=str(tmp_path / "missing" / "cap.jsonl")), on_drop=lambda: None
-    )
+    w = _writer(CaptureSettings(path=str(tmp_path / "missing" / "cap.jsonl")))
     with pytest.raises(FileNotFoundError):
         await w.start()
 
@@ -248,7 +338,7 @@ async def test_two_workers_share_one_rotating_file(tmp_path: Path) -> None:
     """`router serve --workers 2`: two writers (two sinks) on one path, rotation included."""
     path = tmp_path / "cap.jsonl"
     settings = CaptureSettings(path=str(path), rotate_bytes=3000)
-    writers = [CaptureWriter(settings, on_drop=lambda: None) for _ in range(2)]
+    writers = [_writer(settings) for _ in range(2)]
     for w in writers:
         await w.start()
     for i in range(60):
@@ -281,6 +371,7 @@ def test_hash_redaction_reaches_tool_calls_and_parts() -> None:
             },
         ],
     }
-    out = orjson.dumps(redact(body, "hash"))
-    assert b"secret" not in out
-    assert b'"role":"assistant"' in out and b'"type":"text"' in out and b'"id":"call_1"' in out
+    out = orjson.dumps(redact(body, "hash", KEY))
+    assert b"secret" not in out and b"call_1" not in out and b"lookup" not in out
+    assert b'"role":"assistant"' in out and b'"type":"text"' in out
+    assert b'"type":"function"' in out

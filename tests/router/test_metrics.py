@@ -40,11 +40,13 @@ def test_gauges_read_live_state_and_registries_are_separate() -> None:
     assert sample(other, "switchyard_inflight_requests", backend="b") is None
     m.failover("p", "b")
     m.decision("p", 2e-5)
-    m.capture_dropped()
+    m.capture_dropped("queue_full")
+    m.capture_degraded("unencodable")
     text = m.render().decode()
     assert 'switchyard_failovers_total{backend="b",policy="p"} 1.0' in text
     assert 'switchyard_policy_decision_seconds_count{policy="p"} 1.0' in text
-    assert "switchyard_capture_dropped_total 1.0" in text
+    assert 'switchyard_capture_dropped_total{reason="queue_full"} 1.0' in text
+    assert 'switchyard_capture_degraded_total{reason="unencodable"} 1.0' in text
 
 
 def test_pipeline_plugins_are_timed_and_emptying_filters_counted() -> None:
