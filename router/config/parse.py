@@ -9,6 +9,7 @@ beside its errors so that those checks, and the API keys', run in the same pass.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -360,9 +361,41 @@ def _capture(m: Reader) -> CaptureSettings:
         rotate_bytes=m.integer("rotate_bytes", None, low=1),
         headers=tuple(h.lower() for h in headers),
         queue_size=m.integer("queue_size", 10000, low=1),
+        hash_key=_capture_key(m),
     )
     m.done()
     return out
+
+
+_MIN_KEY_BYTES = 16
+
+
+def _capture_key(m: Reader) -> bytes | None:
+    """The capture's secret, from ``hash_key_env`` or ``hash_key_file`` (stripped); the
+    messages name the variable or the file, never the key."""
+    env, file = m.string("hash_key_env"), m.string("hash_key_file")
+    if env is not None and file is not None:
+        m.error(None, "give only one of hash_key_env or hash_key_file")
+        return None
+    if env is not None:
+        where = "hash_key_env"
+        key = os.environ.get(env, "").strip().encode("utf-8", "surrogateescape")
+        if not key:
+            m.error(where, f"${env} is not set")
+            return None
+    elif file is not None:
+        where = "hash_key_file"
+        try:
+            key = Path(file).read_bytes().strip()
+        except OSError as exc:
+            m.error(where, f"cannot read {file}: {exc.strerror}")
+            return None
+    else:
+        return None
+    if len(key) < _MIN_KEY_BYTES:
+        m.error(where, f"the key must be at least {_MIN_KEY_BYTES} bytes (e.g. 32 random in hex)")
+        return None
+    return key
 
 
 def _admission(m: Reader) -> AdmissionSettings:
