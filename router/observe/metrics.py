@@ -122,6 +122,12 @@ class Metrics:
             _REQ,
             registry=r,
         )
+        self._protocol_errors = Counter(
+            "switchyard_upstream_protocol_errors_total",
+            "What backends got wrong in their answers (ignored, or the request failed), by kind.",
+            ["backend", "kind"],
+            registry=r,
+        )
         self._slo_met = Counter(
             "switchyard_slo_attained_total",
             "Requests that met their class's TTFT and TPOT targets.",
@@ -246,6 +252,11 @@ class Metrics:
 
     def stream_aborted(self, policy: str, backend: str, request_class: str) -> None:
         self._aborts.labels(policy, backend, request_class).inc()
+
+    def protocol_errors(self, backend: str, kind: str, count: int = 1) -> None:
+        """Count what ``backend`` got wrong in one answer (kinds: common.sse.PROTOCOL_ERRORS,
+        ``body_too_large``, ``bad_error_body``)."""
+        self._protocol_errors.labels(backend, kind).inc(count)
 
     def watch_queue(self, request_class: str, waiting: Callable[[], float]) -> None:
         """Read a class's admission queue length from live state at scrape time."""

@@ -52,6 +52,9 @@ class Exchange:
     meter: StreamMeter | None = None
     end: float | None = None
     error: Mapping[str, object] | None = None
+    protocol_error: str | None = None
+    """What the router found wrong with the backend's answer itself, as a kind of
+    ``switchyard_upstream_protocol_errors_total`` (the meter counts what it finds)."""
     _figures: StreamFigures | None = field(default=None, repr=False)
 
     @property
@@ -83,6 +86,11 @@ class Exchange:
             prompt_tokens=prompt,
             output_tokens=output,
         )
+        if self.meter is not None:
+            for kind, count in self.meter.protocol_errors.items():
+                state.metrics.protocol_errors(backend, kind, count)
+        if self.protocol_error is not None:
+            state.metrics.protocol_errors(backend, self.protocol_error)
         info = self.info
         if info is None:
             return

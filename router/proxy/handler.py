@@ -24,7 +24,14 @@ from router.proxy.body import upstream_body
 from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, relay
 from router.proxy.state import RouterState
-from router.proxy.upstream import Opened, Target, UpstreamFailed, downstream_headers, open_upstream
+from router.proxy.upstream import (
+    Opened,
+    Target,
+    UpstreamFailed,
+    UpstreamFault,
+    open_upstream,
+    replacement_error,
+)
 from router.server.errors import RouterError, error_response
 from router.server.site import read_body
 
@@ -84,16 +91,35 @@ async def handle(
         ex.failovers = opened.failovers
         # TPOT comes from the usage figures, so the meter stops looking for content after the
         # first token (see common/sse.py).
-        ex.meter = StreamMeter(now, strip_usage=_router_asks_usage(parsed), track_gaps=False)
-        headers = downstream_headers(opened.head.headers, extra)
-        relayed = await relay(request, opened, headers, ex.meter, idle=timeouts.idle)
+        limits = state.config.limits
+        ex.meter = StreamMeter(
+            now,
+            strip_usage=_router_asks_usage(parsed),
+            track_gaps=False,
+            max_event_size=limits.max_upstream_event_bytes,
+        )
+        relayed = await relay(
+            request,
+            opened,
+            extra,
+            ex.meter,
+            idle=timeouts.idle,
+            max_body=limits.max_upstream_body_bytes,
+        )
         ex.status, ex.end = relayed.status, relayed.end
-        if relayed.stalled:
-            opened.lease.failed()  # a stalled engine counts toward ejection
+        if relayed.backend_fault:
+            opened.lease.failed()  # a stalled or misbehaving engine counts toward ejection
         if relayed.error is not None:
-            ex.error = {"message": relayed.error, "code": "upstream_error"}
+            ex.error = relayed.error
             state.metrics.stream_aborted(policy.name, ex.backend, info.request_class)
         return relayed.response
+    except UpstreamFault as exc:  # from relay: the answer must not reach the client as sent
+        ex.status = exc.status
+        ex.error = {"message": exc.message, "code": exc.code}
+        ex.protocol_error = exc.kind
+        if exc.failed and opened is not None:
+            opened.lease.failed()
+        return error_response(exc, extra)
     except RouterError as exc:
         ex.status = exc.status
         ex.error = {"message": exc.message, "code": exc.code}
@@ -195,16 +221,21 @@ def _used_tokens(meter: StreamMeter | None) -> int | None:
 
 
 def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> web.Response:
-    """Every attempt failed: pass the last answer through, or say 502/504."""
+    """Every attempt failed: pass the last answer through if it is OpenAI error JSON (else an
+    OpenAI error with its status), or say 502/504."""
     last = exc.last
     ex.end = time.monotonic()
     if last.status is not None:
         ex.status = last.status
         ex.error = {"message": last.message, "code": "upstream_error"}
+        fault = replacement_error(last.status, last.body or b"", last.backend)
+        if fault is not None:
+            ex.protocol_error = fault.kind
+            return error_response(fault, extra)
         return web.Response(
             status=last.status,
-            body=last.body or b"",
-            headers={**extra, "Content-Type": last.content_type or "application/json"},
+            body=last.body,
+            headers={**extra, "Content-Type": "application/json"},
         )
     status = 504 if last.timeout else 502
     code = "upstream_timeout" if last.timeout else "upstream_unreachable"

@@ -5,13 +5,19 @@ The streaming hot path is :class:`Forward`, which the upstream connection calls 
 one HTTP chunk. No task wakes up, nothing is logged or re-encoded per chunk. Back-pressure
 runs the other way: when the client's socket buffer fills, reading from the backend pauses
 until it drains (the engine then holds the tokens, as it would for a slow direct client).
+
+What a backend sends is bounded and checked: an SSE event over the meter's size limit aborts
+the upstream (the client's stream ends with an error event after the whole events before it),
+a non-streamed body over ``max_body`` gets the client a 502, and both count as the backend's
+failure; a non-2xx answer that is not OpenAI error JSON is replaced (see
+:func:`router.proxy.upstream.replacement_error`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -19,38 +25,48 @@ from multidict import CIMultiDict
 
 from common.sse import StreamMeter
 from router.proxy.connection import Connection, UpstreamError
-from router.proxy.upstream import Opened
-from router.server.errors import RouterError, sse_error_event
+from router.proxy.upstream import Opened, UpstreamFault, downstream_headers, replacement_error
+from router.server.errors import sse_error_event
 from router.server.site import flow_control
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
 
 
 class Forward:
-    """The sink for one SSE stream: meter, then write to the client as an HTTP chunk."""
+    """The sink for one SSE stream: meter, then write to the client as an HTTP chunk.
 
-    __slots__ = ("_meter", "_on_first_content", "_transport", "last")
+    When the meter gives up on the stream (an event over its size limit), the upstream
+    connection is aborted at once: the meter keeps nothing more, so nothing more can be sent.
+    """
+
+    __slots__ = ("_conn", "_meter", "_on_first_content", "_transport", "last")
 
     def __init__(
         self,
         transport: asyncio.Transport,
         meter: StreamMeter,
         on_first_content: Callable[[], None],
+        conn: Connection,
     ) -> None:
         self._transport = transport
         self._meter = meter
         self._on_first_content: Callable[[], None] | None = on_first_content
+        self._conn: Connection | None = conn
         self.last = time.monotonic()
         """When the upstream last sent anything (read by :class:`IdleWatch`)."""
 
     def __call__(self, data: bytes) -> None:
         now = self.last = time.monotonic()
-        out = self._meter.feed(data, now)
-        if self._on_first_content is not None and self._meter.first_content is not None:
+        meter = self._meter
+        out = meter.feed(data, now)
+        if self._on_first_content is not None and meter.first_content is not None:
             self._on_first_content()
             self._on_first_content = None
         if out:
-            self.write(out)
+            self.write(out)  # whole events only, also when the meter has just given up
+        if meter.failure is not None and self._conn is not None:
+            self._conn.abort(UpstreamError(meter.failure))
+            self._conn = None
 
     def write(self, data: bytes) -> None:
         """Write ``data`` as one chunk of the client's chunked response."""
@@ -96,50 +112,44 @@ class Relayed:
     """The status the client got (:data:`CLIENT_CLOSED` when it left mid-answer)."""
     end: float | None
     """When the answer ended (None if the client left first)."""
-    error: str | None = None
-    """Why a stream broke off after bytes reached the client (it got an SSE error event)."""
-    stalled: bool = False
-    """The upstream sent nothing for the idle timeout (the backend's fault)."""
+    error: Mapping[str, str] | None = None
+    """Why a stream broke off after bytes reached the client (it got an SSE error event):
+    ``message`` and ``code``."""
+    backend_fault: bool = False
+    """The backend is to blame: it sent nothing for the idle timeout, or broke the protocol."""
 
 
 async def relay(
     request: web.Request,
     opened: Opened,
-    headers: CIMultiDict[str],
+    extra: Mapping[str, str],
     meter: StreamMeter,
     *,
     idle: float | None,
+    max_body: int,
 ) -> Relayed:
     """Answer the client with the upstream's response, feeding ``meter`` as bytes pass.
 
-    The first content of a stream marks the backend's lease prefilled (the TTFT predictor
-    wants to know at once); everything else is returned for the handler to record.
+    ``extra``: the router's own response headers. The first content of a stream marks the
+    backend's lease prefilled (the TTFT predictor wants to know at once); everything else is
+    returned for the handler to record. Raises :class:`UpstreamFault` for a non-streamed
+    answer that the client must not get as sent (nothing of it has reached the client).
     """
     conn, head = opened.conn, opened.head
+    headers = downstream_headers(head.headers, extra)
     if not head.headers.get("Content-Type", "").startswith("text/event-stream"):
-        try:
-            body = await conn.read()
-        except UpstreamError as exc:  # nothing has reached the client yet: say so properly
-            timeout = isinstance(exc, TimeoutError)
-            raise RouterError(
-                504 if timeout else 502,
-                f"upstream answer broke off: {exc}",
-                code="upstream_timeout" if timeout else "upstream_error",
-            ) from None
-        end = time.monotonic()
-        meter.feed_body(body, end)
-        answer = web.Response(status=head.status, body=body, headers=headers)
-        return Relayed(answer, head.status, end)
+        return await _whole(opened, headers, meter, max_body)
     out = web.StreamResponse(status=head.status, headers=headers)
     await out.prepare(request)  # aiohttp writes the head now; the chunks below are ours
     transport = request.transport
     if transport is None:  # the client left while the head was being written
         return Relayed(out, CLIENT_CLOSED, None)
-    forward = Forward(transport, meter, opened.lease.prefilled)
+    forward = Forward(transport, meter, opened.lease.prefilled, conn)
     watch = IdleWatch(conn, forward, idle) if idle else None
     flow = flow_control(request)
     flow.attach(conn.pause, conn.resume)
     broken: str | None = None
+    code = "upstream_error"
     try:
         conn.stream(forward)
         try:
@@ -147,14 +157,18 @@ async def relay(
         except UpstreamError as exc:
             broken = str(exc)
         end = time.monotonic()
-        tail = meter.flush()  # an unterminated last event held back while stripping usage
-        if tail:
-            forward.write(tail)
-        if broken is None and not meter.done:
+        if meter.failure is not None:  # also when the answer had ended in that last segment
+            broken, code = meter.failure, "upstream_protocol_error"
+        elif broken is None and not meter.done:
             broken = "upstream stream ended before [DONE]"
-        if broken is not None:
-            # Bytes already reached the client, so no retry: end its stream with an error.
-            forward.write(sse_error_event(broken))
+        if broken is None:
+            tail = meter.flush()  # an unterminated last event (after [DONE])
+            if tail:
+                forward.write(tail)
+        else:
+            # Bytes already reached the client, so no retry: end its stream with an error,
+            # after whole events only (a held-back partial one is not sent).
+            forward.write(sse_error_event(broken, code))
         await out.write_eof()
     except ConnectionResetError:
         return Relayed(out, CLIENT_CLOSED, None)
@@ -162,4 +176,36 @@ async def relay(
         flow.detach()
         if watch is not None:
             watch.cancel()
-    return Relayed(out, head.status, end, broken, stalled=watch is not None and watch.fired)
+    fault = meter.failure is not None or (watch is not None and watch.fired)
+    error = None if broken is None else {"message": broken, "code": code}
+    return Relayed(out, head.status, end, error, backend_fault=fault)
+
+
+async def _whole(
+    opened: Opened, headers: CIMultiDict[str], meter: StreamMeter, limit: int
+) -> Relayed:
+    """A non-streamed answer, read whole (at most ``limit`` bytes) and passed on."""
+    conn, head, backend = opened.conn, opened.head, opened.target.backend.name
+    try:
+        body = await conn.read(limit + 1)
+    except UpstreamError as exc:  # nothing has reached the client yet: say so properly
+        timeout = isinstance(exc, TimeoutError)
+        raise UpstreamFault(
+            504 if timeout else 502,
+            f"upstream answer broke off: {exc}",
+            code="upstream_timeout" if timeout else "upstream_error",
+        ) from None
+    if len(body) > limit:
+        raise UpstreamFault(
+            502,
+            f"backend {backend} answered with a body over {limit} bytes",
+            code="upstream_body_too_large",
+            kind="body_too_large",
+        )
+    if not 200 <= head.status < 300:
+        fault = replacement_error(head.status, body, backend)
+        if fault is not None:
+            raise fault
+    end = time.monotonic()
+    meter.feed_body(body, end)
+    return Relayed(web.Response(status=head.status, body=body, headers=headers), head.status, end)
