@@ -4,6 +4,16 @@ Failover happens only before the upstream's response headers, i.e. before any by
 reached the client: a refused connection, a timeout while waiting for the headers, or a
 5xx/429 answer moves on to the next backend of the policy's ranked list (bounded attempts,
 exponential backoff). Once :func:`open_upstream` has returned, the caller never retries.
+
+Which failures count against a backend (its breaker, through the lease) is decided by
+evidence, since a client can make every engine fail with a request crafted to:
+
+- a refused or reset connection, a timeout and a gateway status (502, 503, 504) are the
+  backend's (or what stands in front of it), and count at once;
+- any other 5xx is held as suspect until failover ends (:func:`settle`): it counts only if
+  another backend then answered the same request properly (below 400). A request that every
+  backend tried fails, or that another backend refuses with a 4xx, blames none of them;
+- a 4xx is the client's and counts as a working backend; a 429 counts either way.
 """
 
 from __future__ import annotations
@@ -56,6 +66,8 @@ _DROP_UPSTREAM = frozenset(
         "x-request-class",
     }
 )
+# A 5xx that says the backend (or a proxy in front of it) cannot serve now, whatever was asked.
+_GATEWAY = frozenset({502, 503, 504})
 _DROP_DOWNSTREAM = frozenset(
     {
         "connection",
@@ -256,8 +268,39 @@ async def open_upstream(
     Each attempt holds a lease on its backend's in-flight figures while it is open; a failed
     attempt's lease is released here, the answering one's is the caller's (:class:`Opened`).
     """
+    suspects: list[BackendLease] = []
+    # On UpstreamFailed the suspects are dropped: no backend showed the request servable.
+    opened = await _failover(
+        connections, targets, req, headers, timeouts, failover, on_failover, suspects
+    )
+    settle(suspects, opened.head.status)
+    return opened
+
+
+def settle(suspects: Sequence[BackendLease], answered: int) -> None:
+    """Blame the held 5xx answers of a request that ``answered`` ended (see the module).
+
+    Only another backend's proper answer shows that the request could be served; a 4xx says
+    the request itself was wrong, so a backend that failed on it with a 500 is not blamed.
+    """
+    if answered < 400:
+        for lease in suspects:
+            lease.failed()
+
+
+async def _failover(
+    connections: ConnectionPool,
+    targets: Sequence[Target],
+    req: RequestInfo,
+    headers: Mapping[str, str],
+    timeouts: ClassTimeouts,
+    failover: FailoverSettings,
+    on_failover: Callable[[str], None],
+    suspects: list[BackendLease],
+) -> Opened:
+    """The attempts in order, as :func:`open_upstream`; held 5xx leases go to ``suspects``."""
     try:  # the common case, without the retry machinery's per-request cost
-        return await _attempt(connections, targets[0], req, headers, timeouts, 0)
+        return await _attempt(connections, targets[0], req, headers, timeouts, 0, suspects)
     except AttemptFailed as exc:
         attempts = min(failover.max_attempts, len(targets))
         if attempts < 2:
@@ -277,7 +320,9 @@ async def open_upstream(
                     on_failover(targets[index - 1].backend.name)
                 target = targets[index]
                 index += 1
-                return await _attempt(connections, target, req, headers, timeouts, index - 1)
+                return await _attempt(
+                    connections, target, req, headers, timeouts, index - 1, suspects
+                )
     except AttemptFailed as exc:
         raise UpstreamFailed(exc.failure, index - 1) from None
     raise AssertionError("unreachable: tenacity either returns or re-raises")
@@ -290,7 +335,10 @@ async def _attempt(
     client_headers: Mapping[str, str],
     timeouts: ClassTimeouts,
     failovers: int,
+    suspects: list[BackendLease],
 ) -> Opened:
+    """One attempt; a 5xx answer other than a gateway status adds its lease to ``suspects``
+    for :func:`settle` rather than failing it here."""
     backend = target.backend
     origin, path = split_url(target.url)
     headers = upstream_headers(client_headers, req.request_id, backend.api_key)
@@ -326,8 +374,10 @@ async def _attempt(
         finally:
             connections.release(conn)
             lease.release()
-        if head.status >= 500:
+        if head.status in _GATEWAY:
             lease.failed()
+        elif head.status >= 500:
+            suspects.append(lease)
         raise AttemptFailed(
             Failure(
                 backend.name,
