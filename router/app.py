@@ -94,6 +94,7 @@ def build_app(
     app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=guards)
     app[STATE] = state
     app.cleanup_ctx.append(_lifespan)
+    app.on_response_prepare.append(_server_header)
     _routes(app, state)
     if config_path is not None:
         app[RELOADER] = reloader = Reloader(
@@ -181,6 +182,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPMethodNotAllowed:
         message = f"method {request.method} not allowed on {request.path}"
         return error_response(RouterError(405, message, code="method_not_allowed"))
+
+
+async def _server_header(_: web.Request, response: web.StreamResponse) -> None:
+    """Every answer says ``Server: switchyard`` (aiohttp's default names its and Python's
+    versions); an engine's own is never passed on (router.proxy.upstream)."""
+    response.headers["Server"] = "switchyard"
 
 
 async def _lifespan(app: web.Application) -> AsyncIterator[None]:
