@@ -12,6 +12,12 @@ ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings")
 Redaction = Literal["none", "hash", "drop"]
 REDACTIONS: tuple[Redaction, ...] = ("none", "hash", "drop")
 DEFAULT_CAPTURE_HEADERS = ("x-request-class", "x-switchyard-policy", "x-request-id", "user-agent")
+# Request headers a backend's ``forward_headers`` cannot name: hop-by-hop ones (RFC 9110
+# 7.6.1), the ones the router sets itself for the body and backend it sends, and its own.
+ROUTER_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length", "content-type",
+    "content-encoding", "expect", "accept-encoding", "authorization", "x-request-id",
+    "x-switchyard-policy", "x-request-class"})  # fmt: skip
 
 
 class ConfigError(Exception):
@@ -53,6 +59,9 @@ class BackendSpec:
     max_inflight: int | None = None
     priority_capable: bool = False
     emulator: EmulatorSpec | None = None
+    forward_headers: tuple[str, ...] = ()
+    """Client headers (lower case) passed to this backend besides the standard ones (content
+    negotiation, trace context, User-Agent; see router.proxy.upstream)."""
 
 
 @dataclass(frozen=True, slots=True)

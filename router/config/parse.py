@@ -16,12 +16,13 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from common.schema import Errors, Reader, unknown
+from common.schema import Errors, Reader, join, unknown
 from policies.types import REQUEST_CLASSES
 from router.config.model import (
     DEFAULT_CAPTURE_HEADERS,
     ENDPOINTS,
     REDACTIONS,
+    ROUTER_HEADERS,
     AdmissionSettings,
     ApiKeySpec,
     BackendSpec,
@@ -179,9 +180,25 @@ def _backends(top: Reader) -> tuple[BackendSpec, ...]:
                 max_inflight=m.integer("max_inflight", None, low=1),
                 priority_capable=m.flag("priority_capable", False),
                 emulator=emulator,
+                forward_headers=_forward_headers(m),
             )
         )
         m.done()
+    return tuple(out)
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header name (RFC 9110 5.1)
+
+
+def _forward_headers(m: Reader) -> tuple[str, ...]:
+    out = []
+    for i, name in enumerate(m.string_list("forward_headers") or ()):
+        if not _TOKEN.fullmatch(name):
+            m.error(join("forward_headers", i), "expected a header name")
+        elif name.lower() in ROUTER_HEADERS:
+            m.error(join("forward_headers", i), "a header the router sets or drops itself")
+        else:
+            out.append(name.lower())
     return tuple(out)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -40,32 +40,15 @@ from router.proxy.connection import (
 )
 from router.server.errors import RouterError
 
-# Hop-by-hop headers (RFC 9110 7.6.1) plus what the router sets itself or must not pass on.
-_DROP_UPSTREAM = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        # The client's credential is for the router; a backend gets its own key (api_key_env).
-        "authorization",
-        "cookie",
-        # The router meters the bytes it forwards, so it asks for them uncompressed.
-        "accept-encoding",
-        # The router has the whole body before it connects: no 100-continue round trip.
-        "expect",
-        "x-request-id",
-        "x-switchyard-policy",
-        "x-request-class",
-    }
-)
+# The client headers an engine gets without the config naming them: content negotiation,
+# trace context and the client's name. Everything else stays with the router unless the
+# backend's ``forward_headers`` lists it: headers that steer an engine's internals (the
+# emulator's X-Emulator-Fault) and credentials meant for the router or someone else
+# (X-Api-Key, api-key, Cookie, Proxy-Authorization). The router sets Content-Type,
+# X-Request-Id and the backend's own Authorization itself; Accept-Encoding is not passed
+# since the router meters the bytes it forwards and so asks for them uncompressed.
+_FORWARD = frozenset({"accept", "accept-language", "user-agent", "traceparent", "tracestate",
+                      "baggage"})  # fmt: skip
 # A 5xx that says the backend (or a proxy in front of it) cannot serve now, whatever was asked.
 _GATEWAY = frozenset({502, 503, 504})
 _DROP_DOWNSTREAM = frozenset(
@@ -117,11 +100,19 @@ def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
 
 
 def upstream_headers(
-    client: Mapping[str, str], request_id: str, api_key: str | None
+    client: Mapping[str, str],
+    request_id: str,
+    api_key: str | None,
+    allowed: Collection[str] = (),
 ) -> dict[str, str]:
-    """The headers sent to a backend: the client's end-to-end headers plus id and key."""
-    drop = _DROP_UPSTREAM | _connection_tokens(client)
-    out = {k: v for k, v in client.items() if k.lower() not in drop}
+    """The headers sent to a backend: the client's that :data:`_FORWARD` or ``allowed``
+    (lower-case names, from the config) let through, plus id, type and key."""
+    hop = _connection_tokens(client)
+    out = {
+        k: v
+        for k, v in client.items()
+        if ((n := k.lower()) in _FORWARD or n in allowed) and n not in hop
+    }
     out["X-Request-Id"] = request_id
     out["Content-Type"] = "application/json"
     if api_key:
@@ -341,7 +332,9 @@ async def _attempt(
     for :func:`settle` rather than failing it here."""
     backend = target.backend
     origin, path = split_url(target.url)
-    headers = upstream_headers(client_headers, req.request_id, backend.api_key)
+    headers = upstream_headers(
+        client_headers, req.request_id, backend.api_key, backend.spec.forward_headers
+    )
     request = request_head(origin, path, headers, len(target.body))
     first_byte = timeouts.first_byte if req.stream else None
     lease = backend.lease(req)

@@ -36,12 +36,19 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
+from multidict import CIMultiDictProxy
 
 from router.config.model import LimitSettings
 from router.server.errors import RouterError, error_body, error_response
 
 log = logging.getLogger("router")
 _MAX_MESSAGE = 200
+# Media types read as JSON: JSON itself, and none declared (see _check_media).
+_JSON = frozenset({"application/json", "application/octet-stream", ""})
+# Encodings the body arrives decoded from: aiohttp's parser decodes these (br and zstd only
+# with their modules installed; without, it refuses the request with a 400 itself), and the
+# router forwards the decoded body without the header. Compared as aiohttp does: lower-cased.
+_DECODED = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 # Headers the router reads or rewrites: each may appear at most once.
 SINGLE = ("authorization", "content-type", "host", "x-request-class", "x-request-id",
           "x-session-id", "x-switchyard-policy")  # fmt: skip
@@ -61,8 +68,10 @@ async def single_headers(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 async def read_body(request: web.Request, limit: int, limits: LimitSettings) -> bytes:
-    """The whole request body: 413 past ``limit`` bytes, 408 when it takes longer than
-    ``limits.body_seconds`` to arrive (a client trickling its body holds a handler)."""
+    """The whole request body, decoded: 415 unless it is declared JSON (or not declared) in
+    an encoding aiohttp decodes, 413 past ``limit`` bytes (decoded), 408 when it takes longer
+    than ``limits.body_seconds`` to arrive (a client trickling its body holds a handler)."""
+    _check_media(request.headers)
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     try:
@@ -73,6 +82,21 @@ async def read_body(request: web.Request, limit: int, limits: LimitSettings) -> 
     except TimeoutError:
         message = f"request body not received within {limits.body_seconds} s"
         raise RouterError(408, message, code="request_timeout") from None
+
+
+def _check_media(headers: CIMultiDictProxy[str]) -> None:
+    """415 (as vLLM's server answers) for a body declared as anything but JSON, or encoded in
+    a way the body did not arrive decoded from. A missing Content-Type, or the generic
+    ``application/octet-stream`` that clients send for bytes of no declared type (RFC 9110
+    8.3), is let through: the body is then parsed as JSON like any other."""
+    media = headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    if media not in _JSON:
+        message = "Content-Type must be application/json"
+        raise RouterError(415, message, "Content-Type", "unsupported_media_type")
+    encodings = headers.getall("Content-Encoding", ())
+    if len(encodings) > 1 or (encodings and encodings[0].lower() not in _DECODED):
+        message = "Content-Encoding must be one of: identity, gzip, deflate, br, zstd"
+        raise RouterError(415, message, "Content-Encoding", "unsupported_media_type")
 
 
 def _too_large(limit: int) -> RouterError:

@@ -146,6 +146,8 @@ def test_stall_before_headers_times_out_on_each_backend(good: Process, tmp_path:
         doc = base_config([("a", "vllm", good.url), ("b", "deepinfer", other.url)])
         doc["timeouts"] = {"interactive": {"first_byte": 0.3}}
         doc["health"] = {"interval": 30, "failures_to_eject": 50}
+        for backend in doc["backends"]:
+            backend["forward_headers"] = ["X-Emulator-Fault"]
         with start_router(write_config(tmp_path, doc)) as router:
             client = client_for(router.url, **{"X-Emulator-Fault": "stall=3"})
             with pytest.raises(openai.APIStatusError) as exc:

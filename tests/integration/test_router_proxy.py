@@ -34,6 +34,8 @@ def router(
         listen={"host": "127.0.0.1", "port": 0, "max_body_bytes": 65536},
         aliases={"fast": {"vllm": MODEL}},
     )
+    for backend in doc["backends"]:  # the fault tests below steer the emulators through it
+        backend["forward_headers"] = ["X-Emulator-Fault"]
     path = write_config(tmp_path_factory.mktemp("router"), doc)
     with start_router(path) as proc:
         yield proc.url

@@ -7,7 +7,7 @@ from multidict import CIMultiDict
 from router.proxy.upstream import downstream_headers, upstream_headers
 
 
-def test_upstream_headers_strip_hop_by_hop_and_credentials() -> None:
+def test_upstream_headers_pass_only_the_standard_ones_and_credentials_stay() -> None:
     client = CIMultiDict(
         {
             "Host": "router:8080",
@@ -16,26 +16,49 @@ def test_upstream_headers_strip_hop_by_hop_and_credentials() -> None:
             "Keep-Alive": "timeout=5",
             "Transfer-Encoding": "chunked",
             "Content-Length": "10",
+            "Content-Type": "text/plain",
+            "Content-Encoding": "gzip",
             "Authorization": "Bearer client-key",
+            "Proxy-Authorization": "Basic eA==",
+            "X-Api-Key": "other-key",
+            "api-key": "azure-key",
             "Cookie": "a=b",
+            "Accept": "application/json",
             "Accept-Encoding": "gzip",
             "Expect": "100-continue",
             "X-Switchyard-Policy": "p",
             "X-Request-Class": "batch",
             "X-Request-Id": "old",
             "User-Agent": "OpenAI/Python",
+            "X-Stainless-Lang": "python",
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
             "X-Emulator-Fault": "stall=1",
         }
     )
     out = upstream_headers(client, "rid", "backend-key")
     assert out == {
+        "Accept": "application/json",
         "User-Agent": "OpenAI/Python",
-        "X-Emulator-Fault": "stall=1",
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         "X-Request-Id": "rid",
         "Content-Type": "application/json",
         "Authorization": "Bearer backend-key",
     }
     assert "Authorization" not in upstream_headers(client, "rid", None)
+
+
+def test_upstream_headers_pass_what_the_backend_allows() -> None:
+    client = CIMultiDict({"X-Emulator-Fault": "status=500", "X-Api-Key": "k", "X-Other": "1"})
+    out = upstream_headers(client, "rid", None, ("x-emulator-fault", "x-api-key"))
+    assert out == {
+        "X-Emulator-Fault": "status=500",
+        "X-Api-Key": "k",
+        "X-Request-Id": "rid",
+        "Content-Type": "application/json",
+    }
+    # Named in Connection: hop-by-hop, even when allowed.
+    hop = CIMultiDict({"Connection": "x-api-key", "X-Api-Key": "k"})
+    assert "X-Api-Key" not in upstream_headers(hop, "rid", None, ("x-api-key",))
 
 
 def test_downstream_headers_keep_end_to_end_and_add_router_headers() -> None:
