@@ -6,14 +6,15 @@ reached the client: a refused connection, a timeout while waiting for the header
 exponential backoff). Once :func:`open_upstream` has returned, the caller never retries.
 
 Which failures count against a backend (its breaker, through the lease) is decided by
-evidence, since a client can make every engine fail with a request crafted to:
+evidence, since a client can craft a request that makes every engine fail:
 
 - a refused or reset connection, a timeout and a gateway status (502, 503, 504) are the
   backend's (or what stands in front of it), and count at once;
 - any other 5xx is held as suspect until failover ends (:func:`settle`): it counts only if
   another backend then answered the same request properly (below 400). A request that every
   backend tried fails, or that another backend refuses with a 4xx, blames none of them;
-- a 4xx is the client's and counts as a working backend; a 429 counts either way.
+- a 4xx is the client's and counts as a working backend; a 429 (busy, not broken) counts
+  neither way.
 """
 
 from __future__ import annotations
