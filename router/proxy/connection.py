@@ -47,6 +47,10 @@ class UpstreamTimeout(UpstreamError, TimeoutError):
     """The exchange outlived its deadline."""
 
 
+class BodyTooLarge(UpstreamError):
+    """A response body past the reader's limit (the connection is closed)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Origin:
     """Where a backend listens: scheme, host and port (one connection pool each)."""
@@ -115,9 +119,10 @@ class Connection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None
         self._pending: list[bytes] = []
         """Body pieces the parser handed over while one received segment was parsed."""
-        self._body: list[bytes] = []
-        """Body received but not yet read or streamed: one piece per received segment."""
-        self._body_size = 0
+        self._body = bytearray()
+        """Body received but not yet read or streamed. One buffer rather than a list of
+        pieces: a backend sending one-byte chunks costs no object per byte, and a large body's
+        memory goes back to the system as a whole once it is dropped."""
         self._sink: Sink | None = None
         self.answered = False
         """The response's first byte has arrived."""
@@ -155,36 +160,31 @@ class Connection(asyncio.Protocol):
         assert self._head is not None
         return await self._head
 
-    async def read(self, limit: int | None = None) -> bytes:
-        """The whole body (at most ``limit`` bytes; more closes the connection)."""
-        while not self._complete and (limit is None or self._body_size < limit):
+    async def read(self, limit: int | None = None, *, truncate: bool = True) -> bytes:
+        """The whole body. Past ``limit`` bytes the connection is closed and the first
+        ``limit`` are returned, or with ``truncate=False`` :class:`BodyTooLarge` is raised."""
+        # Truncating, ``limit`` bytes are enough; else one more tells the body is too long.
+        enough = limit if limit is None or truncate else limit + 1
+        while not self._complete and (enough is None or len(self._body) < enough):
             if self._error is not None:
                 raise self._error
             self._done = self._loop.create_future()
             await self._done
         if self._error is not None and not self._complete:
             raise self._error
-        pieces = self._body
-        if limit is not None and self._body_size > limit:
+        buf, self._body = self._body, bytearray()
+        if limit is not None and len(buf) > limit:
             self.abort()
-            # Cut the pieces rather than the joined body: one copy of the limit, not two.
-            excess = self._body_size - limit
-            while pieces and excess >= len(pieces[-1]):
-                excess -= len(pieces.pop())
-            if excess:
-                pieces[-1] = pieces[-1][:-excess]
-        body = b"".join(pieces)
-        self._body = []
-        self._body_size = 0
-        return body
+            if not truncate:
+                raise BodyTooLarge(f"body over {limit} bytes")
+            del buf[limit:]
+        return bytes(buf)
 
     def stream(self, sink: Sink) -> None:
         """From now on hand every received body piece to ``sink``, inside ``data_received``."""
         self._sink = sink
         if self._body:
-            data = b"".join(self._body)
-            self._body = []
-            self._body_size = 0
+            data, self._body = bytes(self._body), bytearray()
             sink(data)
 
     async def finished(self) -> None:
@@ -297,20 +297,17 @@ class Connection(asyncio.Protocol):
     # -- internals --------------------------------------------------------------------------
 
     def _hand_over(self) -> None:
-        """Pass on the body pieces of the segment just parsed, as one piece.
-
-        One write downstream per received segment, however many chunks it held; or one list
-        entry for :meth:`read` (a backend sending one-byte chunks costs no object per byte).
-        """
+        """Pass on the body pieces of the segment just parsed: to the sink as one write
+        (however many chunks the segment held), else into the buffer :meth:`read` takes."""
         pending = self._pending
         self._pending = []
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
         sink = self._sink
         if sink is not None:
-            sink(data)
+            sink(pending[0] if len(pending) == 1 else b"".join(pending))
             return
-        self._body.append(data)
-        self._body_size += len(data)
+        body = self._body
+        for piece in pending:
+            body += piece
         if self._done is not None:
             self._wake()  # a read() is waiting for more
 

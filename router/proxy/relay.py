@@ -24,7 +24,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from common.sse import StreamMeter
-from router.proxy.connection import Connection, UpstreamError
+from router.proxy.connection import BodyTooLarge, Connection, UpstreamError
 from router.proxy.upstream import Opened, UpstreamFault, downstream_headers, replacement_error
 from router.server.errors import sse_error_event
 from router.server.site import flow_control
@@ -187,7 +187,14 @@ async def _whole(
     """A non-streamed answer, read whole (at most ``limit`` bytes) and passed on."""
     conn, head, backend = opened.conn, opened.head, opened.target.backend.name
     try:
-        body = await conn.read(limit + 1)
+        body = await conn.read(limit, truncate=False)
+    except BodyTooLarge:
+        raise UpstreamFault(
+            502,
+            f"backend {backend} answered with a body over {limit} bytes",
+            code="upstream_body_too_large",
+            kind="body_too_large",
+        ) from None
     except UpstreamError as exc:  # nothing has reached the client yet: say so properly
         timeout = isinstance(exc, TimeoutError)
         raise UpstreamFault(
@@ -195,13 +202,6 @@ async def _whole(
             f"upstream answer broke off: {exc}",
             code="upstream_timeout" if timeout else "upstream_error",
         ) from None
-    if len(body) > limit:
-        raise UpstreamFault(
-            502,
-            f"backend {backend} answered with a body over {limit} bytes",
-            code="upstream_body_too_large",
-            kind="body_too_large",
-        )
     if not 200 <= head.status < 300:
         fault = replacement_error(head.status, body, backend)
         if fault is not None:

@@ -7,7 +7,7 @@ from contextlib import closing
 
 import pytest
 
-from router.proxy.connection import ConnectionPool
+from router.proxy.connection import BodyTooLarge, ConnectionPool
 from tests.router.rawserver import Backend, Peer, chunk, start
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -47,4 +47,26 @@ async def test_garbage_after_a_whole_response_keeps_its_body() -> None:
             await conn.head()
             assert await conn.read() == b"whole"
             assert not conn.reusable
+            pool.release(conn)
+
+
+@pytest.mark.parametrize("limit", [2999, 3000])
+async def test_read_without_truncating_refuses_a_longer_body(limit: int) -> None:
+    body = b"y" * 3000
+
+    async def script(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(_tiny_chunks(body))
+        await peer.client_gone()
+
+    async with Backend(script) as backend:
+        with closing(ConnectionPool()) as pool:
+            conn = await start(pool, backend.origin)
+            await conn.head()
+            if limit < len(body):
+                with pytest.raises(BodyTooLarge):
+                    await conn.read(limit, truncate=False)
+                assert not conn.reusable
+            else:
+                assert await conn.read(limit, truncate=False) == body
             pool.release(conn)
