@@ -183,6 +183,16 @@ def test_malformed_usage_is_ignored_and_counted(router: Process, mode: str, stre
     assert re.search(ok, get(router.url + "/metrics").text)
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_answer_without_usage_is_served(router: Process, stream: bool) -> None:
+    reply = post(router.url + "/v1/chat/completions", _chat("no-usage", stream))
+    assert reply.status == 200
+    if stream:
+        assert reply.content.endswith(b"data: [DONE]\n\n") and b'"error"' not in reply.content
+    else:
+        assert reply.json()["usage"] is None
+
+
 def test_a_finish_reason_that_is_not_utf8_is_ignored_and_counted(router: Process) -> None:
     before = (_protocol_errors(router, "bad_utf8"), _protocol_errors(router, "bad_finish_reason"))
     reply = post(router.url + "/v1/chat/completions", _chat("bad-finish", True))

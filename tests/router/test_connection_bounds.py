@@ -1,5 +1,5 @@
-"""What a backend's body may cost the router's HTTP client: bounded by the read limit, one
-piece per received segment however it is chunked."""
+"""What a backend's body may cost the router's HTTP client: bounded by the read limit however
+it is chunked, and refused whole past it when the reader does not truncate."""
 
 from __future__ import annotations
 
