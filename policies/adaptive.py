@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.schema import Reader, unknown
@@ -136,6 +136,11 @@ class AdaptivePolicy:
     """Per backend, its open spilled requests (request id -> prompt tokens), oldest first."""
     _where: dict[str, str] = field(default_factory=dict)
     """Request id -> the backend it was spilled to."""
+
+    @property
+    def slo(self) -> Mapping[RequestClass, Slo]:
+        """The class targets its requests are judged against (:class:`policies.base.Judged`)."""
+        return self.settings.slo
 
     def __post_init__(self) -> None:
         self.governor = SpillGovernor(self.settings.spill)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
-from policies.types import Candidate, Decision, Outcome, RequestInfo
+from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo, Slo
 
 PluginKind = Literal["filter", "scorer", "picker"]
 
@@ -48,6 +48,14 @@ class Policy(Protocol):
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision: ...
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None: ...
+
+
+@runtime_checkable
+class Judged(Protocol):
+    """A policy that declares SLO targets per class; the router counts goodput by them."""
+
+    @property
+    def slo(self) -> Mapping[RequestClass, Slo]: ...
 
 
 class PipelineObserver(Protocol):

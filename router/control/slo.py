@@ -1,17 +1,17 @@
 """SLO goodput: which class targets each policy's requests are judged against.
 
-The targets are the ``slo`` params of an ``adaptive`` policy: its own for an adaptive
-policy, otherwise the default policy's (when adaptive) or the first adaptive policy's, so
-every policy of one router is judged by the same yardstick and their goodput compares.
-A router without any adaptive policy counts no goodput.
+The targets are those a policy declares (:class:`policies.base.Judged`; ``adaptive`` takes
+them from its ``slo`` params): its own for such a policy, otherwise the default policy's
+(when it declares some) or the first declaring policy's, so every policy of one router is
+judged by the same yardstick and their goodput compares. A router without any such policy
+counts no goodput.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from policies.adaptive import AdaptivePolicy
-from policies.base import Policy
+from policies.base import Judged, Policy
 from policies.types import RequestClass, Slo
 
 SloTable = Mapping[str, Mapping[RequestClass, Slo]]
@@ -20,8 +20,8 @@ SloTable = Mapping[str, Mapping[RequestClass, Slo]]
 
 def slo_table(policies: Mapping[str, Policy], default_policy: str) -> SloTable:
     """Per policy, the SLOs its requests are judged against (see the module docstring)."""
-    adaptive = {n: p.settings.slo for n, p in policies.items() if isinstance(p, AdaptivePolicy)}
-    if not adaptive:
+    declared = {n: p.slo for n, p in policies.items() if isinstance(p, Judged)}
+    if not declared:
         return {}
-    shared = adaptive.get(default_policy) or next(iter(adaptive.values()))
-    return {name: adaptive.get(name, shared) for name in policies}
+    shared = declared.get(default_policy) or next(iter(declared.values()))
+    return {name: declared.get(name, shared) for name in policies}
