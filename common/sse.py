@@ -15,9 +15,13 @@ content; ITL are the gaps between content events; TPOT is ``(e2e - ttft) / (toke
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
+
+from common.tokens import count_text, message_text
 
 MAX_EVENT_SIZE = 1 << 20
 """Default for :class:`StreamMeter`'s ``max_event_size``: 1 MiB."""
@@ -180,8 +184,11 @@ class StreamMeter:
         "_start",
         "_strip_usage",
         "_track_gaps",
+        "body_bytes",
+        "body_tokens",
         "completion_tokens",
         "content_events",
+        "data_events",
         "done",
         "error",
         "failure",
@@ -217,6 +224,13 @@ class StreamMeter:
         self.first_content: float | None = None
         self.last_event: float | None = None
         self.content_events = 0
+        self.data_events = 0
+        """Data events other than ``[DONE]``: about one token each in an engine's stream (a
+        settlement's estimate when the engine reports no usage)."""
+        self.body_bytes = 0
+        """The size of a non-streamed body (:meth:`feed_body`)."""
+        self.body_tokens: int | None = None
+        """The tokens of a non-streamed body's generated text, counted by the router."""
         self.itl_sum = 0.0
         self.itls: list[float] | None = [] if keep_itl else None
         self.prompt_tokens: int | None = None
@@ -386,6 +400,7 @@ class StreamMeter:
         if payload == _DONE or (len(payload) < 16 and payload.strip() == _DONE):
             self.done = True
             return True
+        self.data_events += 1
         if (self._track_gaps or self.first_content is None) and _CONTENT_HINT.search(payload):
             doc = self._parse(payload)
             if _has_content(doc):
@@ -487,6 +502,7 @@ class StreamMeter:
         body that is not JSON at all (an HTML error page, say) counts as ``bad_json``.
         """
         self.first_content = self.last_event = now
+        self.body_bytes = len(body)
         doc = self._parse(body)
         if not isinstance(doc, dict):
             if doc is not _BAD:
@@ -501,6 +517,7 @@ class StreamMeter:
         choices = doc.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             self._finish(choices[0].get("finish_reason"))
+            self.body_tokens = sum(_generated_tokens(c) for c in choices if isinstance(c, dict))
         self.content_events = 1
 
     def figures(self, end: float | None = None) -> StreamFigures:
@@ -546,3 +563,10 @@ def _has_content(doc: object) -> bool:
         if value and isinstance(value, str | list):
             return True
     return False
+
+
+def _generated_tokens(choice: Mapping[str, Any]) -> int:
+    """Tokens of one choice's generated text (chat ``message`` or completions ``text``)."""
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return count_text(message_text(text)) if text is not None else 0

@@ -29,7 +29,7 @@ from router.proxy.handler import handle
 from router.proxy.shadow import Shadows
 from router.proxy.state import RouterState
 from router.reload import Reloader
-from router.server.errors import RouterError, error_response
+from router.server.errors import SERVER, RouterError, error_response
 from router.server.site import GuardedSite, handler_options, single_headers
 
 STATE = web.AppKey("state", RouterState)
@@ -80,9 +80,10 @@ def build_app(
             config.api_keys,
             required=config.require_api_key,
             protect_metrics=config.metrics_require_admin,
+            anonymous=config.anonymous,
         ),
         admission=Admission(config.admission),
-        shadows=Shadows(config.shadow, pool, metrics),
+        shadows=Shadows(config.shadow, pool, metrics, config.limits),
         slo=slo_table(policies, config.default_policy),
     )
     for b in pool.backends:
@@ -121,7 +122,11 @@ def _routes(app: web.Application, state: RouterState) -> None:
 
         return handler
 
-    async def models(_: web.Request) -> web.Response:
+    async def models(request: web.Request) -> web.Response:
+        try:
+            state.gate.identify(request.headers)  # 401 for an unknown caller when keys are required
+        except RouterError as exc:
+            return error_response(exc)
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "switchyard"}
             for m in state.pool.model_ids()
@@ -187,7 +192,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _server_header(_: web.Request, response: web.StreamResponse) -> None:
     """Every answer says ``Server: switchyard`` (aiohttp's default names its and Python's
     versions); an engine's own is never passed on (router.proxy.upstream)."""
-    response.headers["Server"] = "switchyard"
+    response.headers["Server"] = SERVER
 
 
 async def _lifespan(app: web.Application) -> AsyncIterator[None]:

@@ -109,6 +109,7 @@ class Reloader:
                 new.api_keys,
                 required=new.require_api_key,
                 protect_metrics=new.metrics_require_admin,
+                anonymous=new.anonymous,
             )
         except ConfigError as exc:
             errors.extend(exc.errors)
@@ -127,6 +128,7 @@ class Reloader:
         state.pool.aliases = new.aliases
         state.policies = policies
         state.slo = slo_table(policies, new.default_policy)
+        gate.adopt(state.gate)  # usage carries over: a reload resets nobody's quota
         state.gate = gate
         state.config = replace(
             new,

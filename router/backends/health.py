@@ -78,7 +78,7 @@ class HealthMonitor:
         if models and not backend.spec.models:
             body = await self._get(backend, "/v1/models")
             if body is not None:
-                backend.discovered_models = _model_ids(body)
+                backend.discovered_models, backend.context_tokens = _models(body)
         if scrape and self._settings.scrape_metrics:
             body = await self._get(backend, "/metrics")
             if body is not None:
@@ -99,12 +99,19 @@ class HealthMonitor:
             return None
 
 
-def _model_ids(body: bytes) -> tuple[str, ...]:
+def _models(body: bytes) -> tuple[tuple[str, ...], int | None]:
+    """The model ids of a /v1/models answer, and the smallest ``max_model_len`` it gives."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return ()
+        return (), None
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
-        return ()
-    return tuple(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
+        return (), None
+    entries = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    lengths = [
+        n
+        for m in entries
+        if isinstance(n := m.get("max_model_len"), int) and not isinstance(n, bool) and n > 0
+    ]
+    return tuple(m["id"] for m in entries), min(lengths, default=None)

@@ -20,6 +20,8 @@ from router.backends.breaker import Breaker
 from router.config.model import BackendSpec, HealthSettings
 
 Clock = Callable[[], float]
+DEFAULT_CONTEXT_TOKENS = 131_072
+"""A context length for engines that report none (the common 128 Ki of current models)."""
 
 
 class BackendState:
@@ -45,6 +47,8 @@ class BackendState:
             health.failures_to_eject, health.cooldown, health.cooldown_max, clock, may_eject
         )
         self.discovered_models: tuple[str, ...] = ()
+        self.context_tokens: int | None = None
+        """The context length its /v1/models reports (vLLM's ``max_model_len``), if any."""
         self.load: EngineLoad | None = None
         self._load_at = 0.0
 
@@ -237,6 +241,16 @@ class Pool:
         # Backends listing no models serve any name: label only names the pool knows.
         self._on_panic(model if model in self.model_ids() else "other")
         return [replace(b.candidate(), healthy=True) for b in serving]
+
+    def context_tokens(self, model: str) -> int:
+        """The most tokens one request for ``model`` can use: the smallest context length
+        its backends report, else :data:`DEFAULT_CONTEXT_TOKENS`."""
+        known = [
+            b.context_tokens
+            for b in self.backends
+            if b.context_tokens is not None and self.upstream_model(b, model) is not None
+        ]
+        return min(known, default=DEFAULT_CONTEXT_TOKENS)
 
     def model_ids(self) -> list[str]:
         """The union of every backend's models and the configured aliases, sorted."""

@@ -82,6 +82,18 @@ class ApiKeySpec:
     max_concurrency: int | None = None
     admin: bool = False
     """May call ``/switchyard/*`` when keys are required."""
+    allow_overrides: bool = False
+    """Whether ``X-Request-Class`` and ``X-Switchyard-Policy`` may override the key's own
+    class and policy (by default the key's win: a batch key cannot claim interactive)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnonymousLimits:
+    """Limits shared by every caller without a configured key (when keys are optional)."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +260,7 @@ class RouterConfig:
     """Client model name -> backend name -> that backend's model name."""
     api_keys: tuple[ApiKeySpec, ...] = ()
     require_api_key: bool = False
+    anonymous: AnonymousLimits | None = None
     metrics_require_admin: bool = False
     """With ``require_api_key``, ``/metrics`` also needs an admin key."""
     classification: ClassificationSettings = ClassificationSettings()

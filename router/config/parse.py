@@ -24,6 +24,7 @@ from router.config.model import (
     REDACTIONS,
     ROUTER_HEADERS,
     AdmissionSettings,
+    AnonymousLimits,
     ApiKeySpec,
     BackendSpec,
     CaptureSettings,
@@ -90,6 +91,9 @@ def parse_document(doc: object, errors: Errors) -> RouterConfig:
         aliases=_aliases(top.child("aliases"), names),
         api_keys=_api_keys(top, policy_names),
         require_api_key=top.flag("require_api_key", False),
+        anonymous=_anonymous(top.child("anonymous"))
+        if top.raw_value("anonymous") is not None
+        else None,
         metrics_require_admin=top.flag("metrics_require_admin", False),
         classification=_classification(top.child("classification")),
         timeouts=_timeouts(top.child("timeouts")),
@@ -262,6 +266,7 @@ def _api_keys(top: Reader, policies: list[str]) -> tuple[ApiKeySpec, ...]:
             tokens_per_minute=m.integer("tokens_per_minute", None, low=1),
             max_concurrency=m.integer("max_concurrency", None, low=1),
             admin=m.flag("admin", False),
+            allow_overrides=m.flag("allow_overrides", False),
         )
         m.done()
         if len(top.errors) == before:  # a broken key is not resolved (that would only add noise)
@@ -475,6 +480,16 @@ def _limits(m: Reader) -> LimitSettings:
         max_upstream_body_bytes=m.integer(
             "max_upstream_body_bytes", d.max_upstream_body_bytes, low=1024
         ),
+    )
+    m.done()
+    return out
+
+
+def _anonymous(m: Reader) -> AnonymousLimits:
+    out = AnonymousLimits(
+        requests_per_minute=m.integer("requests_per_minute", None, low=1),
+        tokens_per_minute=m.integer("tokens_per_minute", None, low=1),
+        max_concurrency=m.integer("max_concurrency", None, low=1),
     )
     m.done()
     return out

@@ -6,13 +6,16 @@ A presented key is hashed and compared against every known digest with
 :func:`hmac.compare_digest`, without stopping at the first match, so the time taken does not
 depend on which key (if any) matched.
 
-Per key: allowed models (403 otherwise), a class and a policy that apply unless the request
-says otherwise, a requests-per-minute and a tokens-per-minute token bucket and a cap on
-concurrent requests (429 with ``Retry-After``). Tokens are charged up front at the request's
-estimate (prompt plus output budget) and settled with the engine's usage when it ends.
+Per key: allowed models (403 otherwise), a class and a policy that win over the request's
+headers unless the key allows overrides, a requests-per-minute and a tokens-per-minute token
+bucket and a cap on concurrent requests (429 with ``Retry-After``, never past the minute).
+Tokens are charged up front at the request's budget (prompt plus output, bounded by the
+context length) and settled when it ends (see router.proxy.handler). A reload keeps every
+key's usage (:meth:`Gate.adopt`). Error messages never name a key.
 
-When ``require_api_key`` is off, unknown or missing keys pass (a known key still gets its
-class, policy and limits); when it is on, they get 401 and ``/switchyard/*`` needs a key
+When ``require_api_key`` is off, unknown or missing keys pass, under the ``anonymous`` limits
+if configured (a known key still gets its class, policy and limits), and ``/switchyard/*``
+answers loopback clients only; when it is on, they get 401 and ``/switchyard/*`` needs a key
 marked ``admin``.
 """
 
@@ -30,11 +33,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from policies.types import RequestInfo
-from router.config.model import ApiKeySpec, ConfigError
+from router.config.model import AnonymousLimits, ApiKeySpec, ConfigError
 from router.server.errors import RouterError, error_response
 
 Clock = Callable[[], float]
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+WINDOW_SECONDS = 60
+"""The buckets' window: limits are per minute."""
 
 
 class TokenBucket:
@@ -71,11 +76,55 @@ class TokenBucket:
     def give(self, n: float) -> None:
         self.level = min(self.capacity, self.level + n)
 
+    def resize(self, per_minute: int) -> None:
+        """A new limit (a reload); what was spent stays spent."""
+        self._refill()
+        self.capacity = float(per_minute)
+        self._rate = per_minute / 60.0
+        self.level = min(self.level, self.capacity)
+
+
+def _bucket(per_minute: int | None, old: TokenBucket | None, clock: Clock) -> TokenBucket | None:
+    if not per_minute:
+        return None
+    if old is None:
+        return TokenBucket(per_minute, clock)
+    old.resize(per_minute)
+    return old
+
+
+class Quota:
+    """One caller's live usage: its buckets and its requests in flight.
+
+    Leases hold the quota, not the key: a reload hands the same object to the new key
+    (:meth:`Gate.adopt`), so nothing is reset and in-flight requests release into it.
+    """
+
+    __slots__ = ("_clock", "_rpm", "_tpm", "inflight", "max_concurrency", "requests", "tokens")
+
+    def __init__(
+        self, rpm: int | None, tpm: int | None, max_concurrency: int | None, clock: Clock
+    ) -> None:
+        self._clock = clock
+        self._rpm, self._tpm = rpm, tpm
+        self.inflight = 0
+        self.max_concurrency = max_concurrency
+        self.requests = _bucket(rpm, None, clock)
+        self.tokens = _bucket(tpm, None, clock)
+
+    def take_over(self, old: Quota) -> Quota:
+        """``old``, now with this quota's limits (it keeps its levels and in-flight count)."""
+        old.requests = _bucket(self._rpm, old.requests, self._clock)
+        old.tokens = _bucket(self._tpm, old.tokens, self._clock)
+        old._rpm, old._tpm = self._rpm, self._tpm
+        old.max_concurrency = self.max_concurrency
+        return old
+
 
 class Tenant:
-    """One configured key's live state: its buckets and its requests in flight."""
+    """One configured key: its spec and its quota."""
 
-    __slots__ = ("capture_id", "digest", "inflight", "requests", "spec", "tokens")
+    __slots__ = ("capture_id", "digest", "quota", "spec")
 
     def __init__(self, spec: ApiKeySpec, digest: bytes, clock: Clock) -> None:
         self.spec = spec
@@ -84,28 +133,37 @@ class Tenant:
         # stable across restarts and replicas yet reveals neither the key, its digest nor its
         # configured name.
         self.capture_id = hmac.new(digest, b"switchyard-tenant", hashlib.sha256).hexdigest()[:16]
-        self.inflight = 0
-        rpm, tpm = spec.requests_per_minute, spec.tokens_per_minute
-        self.requests = TokenBucket(rpm, clock) if rpm else None
-        self.tokens = TokenBucket(tpm, clock) if tpm else None
+        self.quota = Quota(
+            spec.requests_per_minute, spec.tokens_per_minute, spec.max_concurrency, clock
+        )
+
+    def overrides(self, configured: object) -> bool:
+        """Whether a request header may override a setting the key configures as ``configured``."""
+        return configured is None or self.spec.allow_overrides
 
 
 class Lease:
-    """An admitted request's hold on its tenant; :meth:`release` exactly once."""
+    """An admitted request's hold on its quota; :meth:`release` exactly once."""
 
-    __slots__ = ("_charged", "_tenant")
+    __slots__ = ("_ceiling", "_charged", "_quota")
 
-    def __init__(self, tenant: Tenant, charged: int) -> None:
-        self._tenant = tenant
+    def __init__(self, quota: Quota, charged: int, ceiling: int) -> None:
+        self._quota = quota
         self._charged = charged
+        self._ceiling = ceiling
 
-    def release(self, used_tokens: int | None) -> None:
-        """Free the concurrency slot; settle the token charge with ``used_tokens`` (what the
-        engine reported using), if known (otherwise the estimate stands)."""
-        self._tenant.inflight -= 1
-        bucket = self._tenant.tokens
-        if bucket is not None and used_tokens is not None:
-            refund = self._charged - used_tokens
+    @property
+    def charged(self) -> int:
+        """The tokens taken up front."""
+        return self._charged
+
+    def release(self, used_tokens: int) -> None:
+        """Free the concurrency slot and settle the token charge with ``used_tokens``
+        (bounded by the context length: a usage figure past it is a backend's lie)."""
+        self._quota.inflight -= 1
+        bucket = self._quota.tokens
+        if bucket is not None:
+            refund = self._charged - min(max(used_tokens, 0), self._ceiling)
             if refund >= 0:
                 bucket.give(refund)
             else:
@@ -113,7 +171,9 @@ class Lease:
 
 
 def _too_many(message: str, wait: float) -> RouterError:
-    retry = str(max(1, math.ceil(wait)))
+    # A bucket refills whole within its minute; a debt (usage past the charge) may take
+    # longer, but the client is told no more than the window and simply asks again.
+    retry = str(min(WINDOW_SECONDS, max(1, math.ceil(wait))))
     return RouterError(429, message, code="rate_limit_exceeded", headers={"Retry-After": retry})
 
 
@@ -138,11 +198,25 @@ class Gate:
         *,
         required: bool,
         protect_metrics: bool = False,
+        anonymous: AnonymousLimits | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
-        """Resolve every key to its digest; raises ConfigError naming each unusable key."""
+        """Resolve every key to its digest; raises ConfigError naming each unusable key.
+
+        ``anonymous``: the limits shared by callers without a configured key (keys optional).
+        """
         self.required = required
         self._protect_metrics = protect_metrics
+        self._anonymous = (
+            None
+            if anonymous is None
+            else Quota(
+                anonymous.requests_per_minute,
+                anonymous.tokens_per_minute,
+                anonymous.max_concurrency,
+                clock,
+            )
+        )
         self._tenants: list[Tenant] = []
         errors: list[tuple[str, str]] = []
         for i, spec in enumerate(specs):
@@ -178,41 +252,69 @@ class Gate:
         """Whether ``path`` is an admin endpoint under this configuration."""
         return path.startswith("/switchyard/") or (self._protect_metrics and path == "/metrics")
 
-    def check_admin(self, headers: Mapping[str, str]) -> None:
-        """401/403 unless keys are off or the caller holds an admin key."""
+    def check_admin(self, headers: Mapping[str, str], remote: str | None) -> None:
+        """403 unless the caller holds an admin key (keys required) or is on loopback
+        (keys optional: nobody has proven who they are, so only the host itself may)."""
         if not self.required:
+            if remote is None or not is_loopback(remote):
+                raise RouterError(
+                    403, "this endpoint answers only loopback clients", code="forbidden"
+                )
             return
         tenant = self.identify(headers)
         if tenant is None or not tenant.spec.admin:
             raise RouterError(403, "this endpoint needs an admin API key", code="forbidden")
 
-    def admit(self, tenant: Tenant | None, info: RequestInfo) -> Lease | None:
-        """Check the tenant's model list and limits; take a slot and charge the buckets."""
-        if tenant is None:
+    def adopt(self, previous: Gate) -> None:
+        """Carry the usage of ``previous`` (the gate a reload replaces) over to this one.
+
+        A key that stays (same digest) keeps its buckets' levels and in-flight count under its
+        new limits, and so does anonymous traffic: a reload resets nobody's quota.
+        """
+        old = {t.digest: t.quota for t in previous._tenants}
+        for tenant in self._tenants:
+            if tenant.digest in old:
+                tenant.quota = tenant.quota.take_over(old[tenant.digest])
+        if self._anonymous is not None and previous._anonymous is not None:
+            self._anonymous = self._anonymous.take_over(previous._anonymous)
+
+    def admit(self, tenant: Tenant | None, info: RequestInfo, context_tokens: int) -> Lease | None:
+        """Check the caller's model list and limits; take a slot and charge the buckets.
+
+        The charge is the request's budget (prompt plus output), never more than
+        ``context_tokens`` (no engine can use more) nor than the token bucket holds.
+        """
+        if tenant is not None:
+            spec = tenant.spec
+            if spec.models and info.model not in spec.models:
+                raise RouterError(
+                    403,
+                    f"this API key may not use model '{info.model}'",
+                    "model",
+                    "model_not_allowed",
+                )
+            quota, who = tenant.quota, "this API key"
+        elif self._anonymous is not None:
+            quota, who = self._anonymous, "anonymous traffic"
+        else:
             return None
-        spec = tenant.spec
-        if spec.models and info.model not in spec.models:
-            raise RouterError(
-                403,
-                f"API key '{spec.name}' may not use model '{info.model}'",
-                "model",
-                "model_not_allowed",
-            )
-        if spec.max_concurrency is not None and tenant.inflight >= spec.max_concurrency:
-            raise _too_many(f"API key '{spec.name}' has {tenant.inflight} requests open", 1.0)
-        charge = info.prompt_tokens + info.expected_output_tokens
-        wait_req = tenant.requests.wait_for(1) if tenant.requests is not None else 0.0
-        wait_tok = tenant.tokens.wait_for(charge) if tenant.tokens is not None else 0.0
+        if quota.max_concurrency is not None and quota.inflight >= quota.max_concurrency:
+            raise _too_many(f"{who} has {quota.inflight} requests open", 1.0)
+        charge = min(info.prompt_tokens + info.expected_output_tokens, context_tokens)
+        if quota.tokens is not None:
+            charge = min(charge, int(quota.tokens.capacity))
+        wait_req = quota.requests.wait_for(1) if quota.requests is not None else 0.0
+        wait_tok = quota.tokens.wait_for(charge) if quota.tokens is not None else 0.0
         if wait_req > 0:
-            raise _too_many(f"API key '{spec.name}' is over its requests per minute", wait_req)
+            raise _too_many(f"{who} is over its requests per minute", wait_req)
         if wait_tok > 0:
-            raise _too_many(f"API key '{spec.name}' is over its tokens per minute", wait_tok)
-        if tenant.requests is not None:
-            tenant.requests.take(1)
-        if tenant.tokens is not None:
-            tenant.tokens.take(charge)
-        tenant.inflight += 1
-        return Lease(tenant, charge)
+            raise _too_many(f"{who} is over its tokens per minute", wait_tok)
+        if quota.requests is not None:
+            quota.requests.take(1)
+        if quota.tokens is not None:
+            quota.tokens.take(charge)
+        quota.inflight += 1
+        return Lease(quota, charge, context_tokens)
 
 
 def _resolve(spec: ApiKeySpec) -> bytes | None:
@@ -242,7 +344,7 @@ def admin_only(gate: Callable[[], Gate]) -> Middleware:
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if gate().needs_admin(request.path):
             try:
-                gate().check_admin(request.headers)
+                gate().check_admin(request.headers, request.remote)
             except RouterError as exc:
                 return error_response(exc)
         return await handler(request)
@@ -250,8 +352,12 @@ def admin_only(gate: Callable[[], Gate]) -> Middleware:
     return check
 
 
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.") or host == "::ffff:127.0.0.1"
+
+
 def exposure_warning(host: str, required: bool) -> str | None:
     """The startup warning for a router reachable beyond loopback without keys."""
-    if required or host in LOOPBACK or host.startswith("127."):
+    if required or is_loopback(host):
         return None
     return f"listening on {host} without require_api_key: anyone who can reach it can use it"

@@ -34,6 +34,10 @@ DECISION_BUCKETS = (
 _REQ = ("policy", "backend", "class")
 
 
+CAPTURE_DROP_REASONS = ("queue_full", "not_running", "sink_gone", "unencodable", "error")
+"""Why the capture writer (router.observe.capture) may not write a request."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Children:
     """The per-request series of one (policy, backend, class) label set."""
@@ -192,6 +196,11 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # Every reason exported at 0 from the start, so rate() and alerts see the series
+        # before the first drop (Prometheus' advice for known label values).
+        for reason in CAPTURE_DROP_REASONS:
+            self._dropped.labels(reason)
+        self._degraded.labels("unencodable")
 
     def request_done(
         self,

@@ -11,12 +11,14 @@ import asyncio
 import logging
 import time
 import uuid
+from functools import partial
 
 from aiohttp import web
 
 from common.sse import StreamMeter
 from policies.base import Policy
-from policies.types import Endpoint
+from policies.types import Endpoint, RequestClass
+from router.config.model import ClassificationSettings
 from router.control.admission import Saturated
 from router.control.auth import Lease, Tenant
 from router.control.classify import Parsed, classify, parse_body
@@ -40,6 +42,7 @@ PATHS: dict[Endpoint, str] = {
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
 }
+_OFFLOAD_BYTES = 256 * 1024
 log = logging.getLogger("router")
 
 
@@ -60,19 +63,25 @@ async def handle(
         ex.policy = policy = _policy(request, state, tenant)
         extra["X-Switchyard-Policy"] = policy.name
         ex.body = await read_body(request, state.config.listen.max_body_bytes, state.config.limits)
-        ex.doc = doc = parse_body(ex.body, endpoint)
-        parsed = classify(
-            doc,
+        understand = partial(
+            _understand,
+            ex.body,
             endpoint,
             request_id=rid,
-            header_class=request.headers.get("X-Request-Class"),
+            header_class=_header(request, "X-Request-Class", tenant, "request_class"),
             key_class=tenant.spec.request_class if tenant is not None else None,
             session_key=request.headers.get("X-Session-Id"),
             settings=state.config.classification,
         )
+        # Parsing and counting a body of megabytes takes a quarter second of CPU: in a
+        # thread, the event loop still gets its turns (every switch interval) meanwhile.
+        big = len(ex.body) > _OFFLOAD_BYTES
+        parsed = await asyncio.to_thread(understand) if big else understand()
+        ex.doc = parsed.doc
         ex.info = info = parsed.info
         extra["X-Switchyard-Class"] = info.request_class
-        lease = state.gate.admit(tenant, info)
+        context = state.pool.context_tokens(info.model)
+        lease = state.gate.admit(tenant, info, context)
         targets = await state.admission.admit(
             info.request_class, lambda: _plan(state, policy, parsed, ex.body, endpoint)
         )
@@ -150,13 +159,42 @@ async def handle(
             opened.lease.release()
         state.admission.release()  # a slot may have freed up (here or in a failed attempt)
         if lease is not None:
-            lease.release(_used_tokens(ex.meter))
+            lease.release(_settlement(ex, opened, lease.charged))
         ex.finish(state)
+
+
+def _understand(
+    body: bytes,
+    endpoint: Endpoint,
+    *,
+    request_id: str,
+    header_class: str | None,
+    key_class: RequestClass | None,
+    session_key: str | None,
+    settings: ClassificationSettings,
+) -> Parsed:
+    """The body parsed and classified (pure: safe to run in a worker thread)."""
+    return classify(
+        parse_body(body, endpoint),
+        endpoint,
+        request_id=request_id,
+        header_class=header_class,
+        key_class=key_class,
+        session_key=session_key,
+        settings=settings,
+    )
+
+
+def _header(request: web.Request, name: str, tenant: Tenant | None, setting: str) -> str | None:
+    """Header ``name``, unless the caller's key configures ``setting`` and allows no override."""
+    if tenant is not None and not tenant.overrides(getattr(tenant.spec, setting)):
+        return None
+    return request.headers.get(name)
 
 
 def _policy(request: web.Request, state: RouterState, tenant: Tenant | None) -> Policy:
     """The header's policy (if honoured), else the API key's, else the default."""
-    name = request.headers.get("X-Switchyard-Policy")
+    name = _header(request, "X-Switchyard-Policy", tenant, "policy")
     if name is None or not state.config.honor_policy_header:
         own = tenant.spec.policy if tenant is not None else None
         return state.policies[own or state.config.default_policy]
@@ -213,11 +251,28 @@ def _plan(
     return targets
 
 
-def _used_tokens(meter: StreamMeter | None) -> int | None:
-    """Tokens the engine reported using, when it reported them."""
-    if meter is None or meter.completion_tokens is None:
-        return None
-    return (meter.prompt_tokens or 0) + meter.completion_tokens
+def _settlement(ex: Exchange, opened: Opened | None, charged: int) -> int:
+    """The tokens a request is finally charged (it was charged ``charged`` up front).
+
+    The engine's usage when it reported one; nothing when no engine answered with success
+    (a refused or failed request generated nothing); else what the router saw relayed: the
+    prompt as it counted it plus a token per streamed event (or the tokens it counts in a
+    body's text, or one per 4 bytes of a body it cannot read), at least one and never more
+    than was charged, so a missing usage figure neither frees the
+    answer nor bills the whole budget.
+    """
+    meter, info = ex.meter, ex.info
+    if meter is None or info is None or opened is None or not 200 <= opened.head.status < 300:
+        return 0
+    if meter.completion_tokens is not None:
+        return (meter.prompt_tokens or info.prompt_tokens) + meter.completion_tokens
+    if info.stream:
+        output = meter.data_events
+    elif meter.body_tokens is not None:
+        output = meter.body_tokens
+    else:
+        output = -(-meter.body_bytes // 4)
+    return min(charged, info.prompt_tokens + max(1, output))
 
 
 def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> web.Response:

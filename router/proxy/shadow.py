@@ -26,7 +26,7 @@ from common.sse import StreamMeter
 from policies.base import Policy
 from policies.types import Endpoint, Outcome, RequestInfo
 from router.backends.pool import BackendState, Pool
-from router.config.model import ShadowSettings
+from router.config.model import LimitSettings, ShadowSettings
 from router.control.classify import Parsed
 from router.observe.metrics import Metrics
 from router.proxy.body import upstream_body
@@ -42,9 +42,12 @@ class Shadows:
         settings: Mapping[str, ShadowSettings],
         pool: Pool,
         metrics: Metrics,
+        limits: LimitSettings,
         rng: random.Random | None = None,
     ) -> None:
+        """``limits``: how much of a shadow backend's answer is held (as of a served one)."""
         self._settings = settings
+        self._limits = limits
         self._pool = pool
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
@@ -119,7 +122,8 @@ class Shadows:
         timeout_s: float,
     ) -> None:
         start = time.monotonic()
-        meter = StreamMeter(start)
+        limits = self._limits
+        meter = StreamMeter(start, max_event_size=limits.max_upstream_event_bytes)
         status = 0  # no answer at all (connect error or timeout)
         headers = {"Content-Type": "application/json", "X-Request-Id": info.request_id}
         if backend.api_key:
@@ -129,10 +133,14 @@ class Shadows:
             async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
                 status = resp.status
                 if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    while data := await resp.content.readany():
+                    while meter.failure is None and (data := await resp.content.readany()):
                         meter.feed(data, time.monotonic())
                 else:
-                    meter.feed_body(await resp.read(), time.monotonic())
+                    answer = await _bounded(resp.content, limits.max_upstream_body_bytes)
+                    if answer is None:
+                        status = 0  # too large: a served request would have got an error
+                    else:
+                        meter.feed_body(answer, time.monotonic())
         except (aiohttp.ClientError, OSError, TimeoutError):
             pass
         finally:
@@ -164,3 +172,15 @@ class Shadows:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+
+
+async def _bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None (having stopped reading) once it passes ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

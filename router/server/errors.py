@@ -27,6 +27,10 @@ _TYPES = {
 }
 
 
+SERVER = "switchyard"
+"""The router's ``Server`` header: no versions (aiohttp's default names its and Python's)."""
+
+
 class RouterError(Exception):
     """A request the router refuses or cannot serve; rendered by :func:`error_response`.
 

@@ -39,7 +39,7 @@ from aiohttp.web_server import Server
 from multidict import CIMultiDictProxy
 
 from router.config.model import LimitSettings
-from router.server.errors import RouterError, error_body, error_response
+from router.server.errors import SERVER, RouterError, error_body, error_response
 
 log = logging.getLogger("router")
 _MAX_MESSAGE = 200
@@ -225,14 +225,16 @@ class GuardedHandler(RequestHandler):
             status=status,
             body=error_body(status, text, code="bad_http"),
             content_type="application/json",
+            headers={"Server": SERVER},
         )
         resp.force_close()
         return resp
 
 
 _FULL = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s"
+    b"HTTP/1.1 503 Service Unavailable\r\nServer: switchyard\r\n"
+    b"Content-Type: application/json\r\nConnection: close\r\nRetry-After: 1\r\n"
+    b"Content-Length: %d\r\n\r\n%s"
 )
 
 

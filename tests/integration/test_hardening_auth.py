@@ -137,9 +137,12 @@ def test_key_policy_and_class_overrides(router: Process) -> None:
         raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
     assert raw.headers["x-switchyard-policy"] == "round-robin"
     assert raw.headers["x-switchyard-class"] == "batch"
-    with client(router, KEYS["pin"], **{"X-Switchyard-Policy": "class-split"}) as c:
+    claims = {"X-Switchyard-Policy": "class-split", "X-Request-Class": "interactive"}
+    with client(router, KEYS["pin"], **claims) as c:
         raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
-    assert raw.headers["x-switchyard-policy"] == "class-split"  # the request's own choice wins
+    # the key's own policy and class win: its holder cannot claim another's priority
+    assert raw.headers["x-switchyard-policy"] == "round-robin"
+    assert raw.headers["x-switchyard-class"] == "batch"
 
 
 def test_admin_endpoints_need_the_admin_key(router: Process) -> None:

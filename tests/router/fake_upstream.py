@@ -24,6 +24,7 @@ from router.config.parse import load_config
 from tests.router.harness import write_config
 
 MODEL = "fake-model"
+CONTEXT = 32_768
 
 
 @dataclass
@@ -36,12 +37,14 @@ class FakeEngine:
     """Streams send their first token, then wait for this before finishing."""
     streaming: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a stream has sent its first token."""
+    usage: bool = True
+    """Whether answers carry usage figures (an engine may omit them)."""
 
     def __post_init__(self) -> None:
         self.release.set()
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
@@ -52,7 +55,8 @@ class FakeEngine:
         return web.json_response({"status": "ok"})
 
     async def _models(self, _: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        model = {"id": MODEL, "object": "model", "max_model_len": CONTEXT}
+        return web.json_response({"object": "list", "data": [model]})
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
@@ -61,7 +65,12 @@ class FakeEngine:
         body = await request.json()
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
-        usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+        if (body.get("max_tokens") or 0) > CONTEXT:  # as vLLM answers a budget past the context
+            error = {"message": "max_tokens is too large", "type": "BadRequestError", "code": 400}
+            return web.json_response({"error": error}, status=400)
+        usage = (
+            {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9} if self.usage else None
+        )
         if not body.get("stream"):
             message = {"role": "assistant", "content": "hi there"}
             return web.json_response(
@@ -87,7 +96,7 @@ class FakeEngine:
         self.streaming.set()
         await self.release.wait()
         await event(chunk({"content": " there"}, "stop"))
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if usage is not None and (body.get("stream_options") or {}).get("include_usage"):
             await event(
                 {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
             )

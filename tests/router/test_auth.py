@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from policies.types import RequestInfo
-from router.config.model import ApiKeySpec, ConfigError
+from router.config.model import AnonymousLimits, ApiKeySpec, ConfigError
 from router.control.auth import Gate, TokenBucket, exposure_warning
 from router.server.errors import RouterError
 
@@ -29,6 +29,9 @@ def req(model: str = "m", prompt: int = 10, max_tokens: int | None = 20) -> Requ
     return RequestInfo(
         "r", "chat", model, "interactive", prompt_tokens=prompt, max_tokens=max_tokens
     )
+
+
+CTX = 32_768  # the context length the tests' model reports
 
 
 def sha(key: str) -> str:
@@ -61,7 +64,11 @@ def test_optional_keys_let_strangers_through() -> None:
     assert gate.identify({}) is None
     tenant = gate.identify(bearer("k"))
     assert tenant is not None and tenant.spec.request_class == "batch"
-    gate.check_admin({})  # keys not required: admin endpoints open
+    gate.check_admin({}, "127.0.0.1")  # keys not required: admin endpoints for loopback only
+    gate.check_admin({}, "::1")
+    with pytest.raises(RouterError) as exc:
+        gate.check_admin(bearer("k"), "192.0.2.7")
+    assert exc.value.status == 403
 
 
 def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
@@ -84,12 +91,12 @@ def test_admin_key() -> None:
         [ApiKeySpec("ops", sha256=sha("a"), admin=True), ApiKeySpec("u", sha256=sha("u"))],
         required=True,
     )
-    gate.check_admin(bearer("a"))
+    gate.check_admin(bearer("a"), "192.0.2.7")
     with pytest.raises(RouterError) as exc:
-        gate.check_admin(bearer("u"))
+        gate.check_admin(bearer("u"), "127.0.0.1")
     assert exc.value.status == 403
     with pytest.raises(RouterError) as exc:
-        gate.check_admin({})
+        gate.check_admin({}, "127.0.0.1")
     assert exc.value.status == 401
 
 
@@ -113,23 +120,23 @@ def test_which_paths_need_the_admin_key(protect_metrics: bool, path: str, admin:
 def test_model_list_is_403() -> None:
     gate = Gate([ApiKeySpec("u", sha256=sha("u"), models=("m",))], required=True)
     tenant = gate.identify(bearer("u"))
-    assert gate.admit(tenant, req("m")) is not None
+    assert gate.admit(tenant, req("m"), CTX) is not None
     with pytest.raises(RouterError) as exc:
-        gate.admit(tenant, req("other"))
+        gate.admit(tenant, req("other"), CTX)
     assert (exc.value.status, exc.value.param) == (403, "model")
 
 
 def test_concurrency_cap_and_release() -> None:
     gate = Gate([ApiKeySpec("u", sha256=sha("u"), max_concurrency=2)], required=True)
     tenant = gate.identify(bearer("u"))
-    leases = [gate.admit(tenant, req()) for _ in range(2)]
+    leases = [gate.admit(tenant, req(), CTX) for _ in range(2)]
     with pytest.raises(RouterError) as exc:
-        gate.admit(tenant, req())
+        gate.admit(tenant, req(), CTX)
     assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "1"
     lease = leases[0]
     assert lease is not None
-    lease.release(None)  # no answer metered: the estimate stands
-    assert gate.admit(tenant, req()) is not None
+    lease.release(0)  # refused upstream: the whole charge comes back
+    assert gate.admit(tenant, req(), CTX) is not None
 
 
 def test_requests_per_minute_bucket_with_retry_after() -> None:
@@ -139,13 +146,13 @@ def test_requests_per_minute_bucket_with_retry_after() -> None:
     )
     tenant = gate.identify(bearer("u"))
     for _ in range(3):
-        gate.admit(tenant, req())
+        gate.admit(tenant, req(), CTX)
     with pytest.raises(RouterError) as exc:
-        gate.admit(tenant, req())
+        gate.admit(tenant, req(), CTX)
     assert exc.value.status == 429
     assert exc.value.headers["Retry-After"] == "20"  # one request refills in 60/3 s
     clock.now += 20
-    gate.admit(tenant, req())
+    gate.admit(tenant, req(), CTX)
 
 
 def test_tokens_per_minute_settles_with_usage() -> None:
@@ -154,12 +161,12 @@ def test_tokens_per_minute_settles_with_usage() -> None:
         [ApiKeySpec("u", sha256=sha("u"), tokens_per_minute=100)], required=True, clock=clock
     )
     tenant = gate.identify(bearer("u"))
-    lease = gate.admit(tenant, req(prompt=30, max_tokens=50))  # charged 80
+    lease = gate.admit(tenant, req(prompt=30, max_tokens=50), CTX)  # charged 80
     assert lease is not None
     with pytest.raises(RouterError):
-        gate.admit(tenant, req(prompt=30, max_tokens=50))
+        gate.admit(tenant, req(prompt=30, max_tokens=50), CTX)
     lease.release(15)  # really used 15: 65 of the 80 come back, 85 left
-    assert gate.admit(tenant, req(prompt=30, max_tokens=50)) is not None
+    assert gate.admit(tenant, req(prompt=30, max_tokens=50), CTX) is not None
 
 
 def test_bucket_refills_continuously_and_caps() -> None:
@@ -181,3 +188,82 @@ def test_exposure_warning() -> None:
     assert exposure_warning("0.0.0.0", True) is None
     warning = exposure_warning("0.0.0.0", False)
     assert warning is not None and "require_api_key" in warning
+
+
+def test_a_hostile_max_tokens_is_charged_no_more_than_the_context_and_retry_is_bounded() -> None:
+    """`max_tokens: 2**63-1` once locked a key out for ~10^17 s; now the charge stops at the
+    context length (and the bucket), the engine's 400 refunds it, and Retry-After never
+    exceeds the bucket's minute."""
+    clock = Clock()
+    gate = Gate(
+        [ApiKeySpec("u", sha256=sha("u"), tokens_per_minute=2000)], required=True, clock=clock
+    )
+    tenant = gate.identify(bearer("u"))
+    lease = gate.admit(tenant, req(max_tokens=9223372036854775807), CTX)
+    assert lease is not None and lease.charged == 2000  # the whole bucket, not 9e18
+    with pytest.raises(RouterError) as exc:
+        gate.admit(tenant, req(), CTX)
+    assert exc.value.status == 429 and int(exc.value.headers["Retry-After"]) <= 60
+    lease.release(0)  # the engine said 400: nothing was generated
+    assert gate.admit(tenant, req(), CTX) is not None
+
+
+def test_a_usage_figure_past_the_context_is_a_lie_and_is_capped() -> None:
+    clock = Clock()
+    gate = Gate(
+        [ApiKeySpec("u", sha256=sha("u"), tokens_per_minute=1000)], required=True, clock=clock
+    )
+    tenant = gate.identify(bearer("u"))
+    lease = gate.admit(tenant, req(prompt=10, max_tokens=10), 100)
+    assert lease is not None
+    lease.release(10**8)  # a backend claims 100 M tokens: settled at the context, 100
+    clock.now += 6  # 100 tokens refill in 6 s
+    assert gate.admit(tenant, req(prompt=500, max_tokens=500), CTX) is not None
+
+
+def test_anonymous_traffic_has_its_own_limits() -> None:
+    gate = Gate(
+        [ApiKeySpec("u", sha256=sha("u"))],
+        required=False,
+        anonymous=AnonymousLimits(max_concurrency=1),
+    )
+    assert gate.admit(None, req(), CTX) is not None
+    with pytest.raises(RouterError) as exc:
+        gate.admit(None, req(), CTX)
+    assert exc.value.status == 429 and "anonymous" in exc.value.message
+    assert gate.admit(gate.identify(bearer("u")), req(), CTX) is not None  # a key: its own quota
+    assert Gate([], required=False).admit(None, req(), CTX) is None  # no limits configured
+
+
+def test_a_reload_keeps_every_quota_and_in_flight_count() -> None:
+    clock = Clock()
+    spec = ApiKeySpec("u", sha256=sha("u"), requests_per_minute=2, max_concurrency=5)
+    old = Gate([spec], required=True, clock=clock)
+    held = old.admit(old.identify(bearer("u")), req(), CTX)
+    old.admit(old.identify(bearer("u")), req(), CTX)
+    renamed = ApiKeySpec("renamed", sha256=sha("u"), requests_per_minute=2, max_concurrency=1)
+    new = Gate([renamed], required=True, clock=clock)
+    new.adopt(old)
+    tenant = new.identify(bearer("u"))
+    with pytest.raises(RouterError) as exc:  # the minute's two requests are still spent
+        new.admit(tenant, req(), CTX)
+    assert exc.value.status == 429
+    clock.now += 60
+    with pytest.raises(RouterError):  # and two are still open, over the new cap of one
+        new.admit(tenant, req(), CTX)
+    assert held is not None
+    held.release(0)  # an old lease releases into the same quota
+    assert tenant is not None and tenant.quota.inflight == 1
+
+
+def test_error_messages_never_name_the_key() -> None:
+    gate = Gate(
+        [ApiKeySpec("team-secret-name", sha256=sha("u"), models=("m",), max_concurrency=1)],
+        required=True,
+    )
+    tenant = gate.identify(bearer("u"))
+    gate.admit(tenant, req(), CTX)
+    for model in ("other", "m"):
+        with pytest.raises(RouterError) as exc:
+            gate.admit(tenant, req(model), CTX)
+        assert "team-secret-name" not in exc.value.message
