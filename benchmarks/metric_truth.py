@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from router.server.children import spawn_ready, stop_all
 
@@ -86,7 +87,9 @@ def build_tokenizer(aiperf: Path, out: Path) -> None:
     subprocess.run([python, "-c", _TOKENIZER_SCRIPT, corpus, out], check=True)
 
 
-def run_aiperf(a: argparse.Namespace, url: str, tokenizer: Path, out: Path) -> dict[str, dict]:
+def run_aiperf(
+    a: argparse.Namespace, url: str, tokenizer: Path, out: Path
+) -> dict[str, dict[str, Any]]:
     """aiperf profile, closed loop; returns its JSON export."""
     argv = [str(a.aiperf), "profile", "--model", MODEL, "--url", url, "--endpoint-type", "chat"]
     argv += ["--streaming", "--tokenizer", str(tokenizer), "--ui-type", "none"]
@@ -96,7 +99,8 @@ def run_aiperf(a: argparse.Namespace, url: str, tokenizer: Path, out: Path) -> d
     argv += ["--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{a.osl}"]
     argv += ["--use-server-token-count", "--random-seed", str(a.seed), "--artifact-dir", str(out)]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return json.loads((out / "profile_export_aiperf.json").read_text())
+    export: dict[str, dict[str, Any]] = json.loads((out / "profile_export_aiperf.json").read_text())
+    return export
 
 
 def payloads_to_batch(inputs: Path, batch: Path) -> int:
@@ -117,7 +121,8 @@ def run_replay(a: argparse.Namespace, url: str, batch: Path, out: Path) -> dict[
     argv = [sys.executable, "-m", "replay", str(batch), "--target", url]
     argv += ["--concurrency", str(a.concurrency), "--out", str(out), "--no-progress"]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())["runs"][0]["overall"]
+    overall: dict[str, float] = json.loads(out.read_text())["runs"][0]["overall"]
+    return overall
 
 
 def main() -> int:

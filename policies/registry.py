@@ -190,7 +190,8 @@ def _load_external(ref: str, path: str, errors: Errors) -> Callable[..., object]
     if not callable(target):
         errors.append((path, f"{ref!r} is not callable"))
         return None
-    return target
+    factory: Callable[..., object] = target
+    return factory
 
 
 def _pipeline(name: str, p: Reader, ctx: BuildContext) -> Policy:

@@ -78,7 +78,9 @@ class Children:
         self.procs = []
 
 
-def stop_all(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+def stop_all(
+    procs: Sequence[subprocess.Popen[bytes] | subprocess.Popen[str]], grace: float = 5.0
+) -> None:
     """SIGTERM every process, then SIGKILL whatever is still alive after ``grace`` seconds."""
     for p in procs:
         if p.poll() is None:

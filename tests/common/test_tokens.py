@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, count_chat, count_text, text_tokens
 
 
@@ -11,7 +13,7 @@ def test_text_rule() -> None:
 
 
 def test_chat_rule() -> None:
-    msgs = [
+    msgs: list[Mapping[str, object]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi there"}, {"type": "image_url"}]},
     ]

@@ -34,7 +34,7 @@ class Manifest:
 
 def load_manifests(directory: Path = KUBE) -> list[Manifest]:
     """Every non-empty YAML document under ``directory``, in file order."""
-    out = []
+    out: list[Manifest] = []
     for path in sorted(directory.glob("*.yaml")):
         with path.open(encoding="utf-8") as f:
             out.extend(Manifest(path, d) for d in yaml.safe_load_all(f) if d is not None)

@@ -37,7 +37,7 @@ def ignored(path: str, patterns: list[str]) -> bool:
 
 def context_copies(stage: Stage) -> list[tuple[str, str]]:
     """(source, destination) of every COPY from the build context (not from a stage)."""
-    out = []
+    out: list[tuple[str, str]] = []
     for instruction in stage.all("COPY"):
         sources, dest, from_stage = copy_sources(instruction)
         if from_stage is None:

@@ -6,13 +6,14 @@ import threading
 from pathlib import Path
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.test_router_failover import metric, wait_for
 from tests.procs import start_emulator
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
-CHAT = [{"role": "user", "content": "Tell me a long story."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
 
 
 def test_saturated_batch_waits_then_full_queue_gets_429(tmp_path: Path) -> None:

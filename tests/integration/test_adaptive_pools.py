@@ -7,13 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.test_router_failover import metric, wait_for
 from tests.procs import ROOT, Process
 from tests.router.harness import client_for, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
-CHAT = [{"role": "user", "content": "Say something short."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something short."}]
 EXAMPLE = ROOT / "config" / "examples" / "emulated-pools.yaml"
 
 
@@ -67,7 +68,7 @@ def test_adaptive_keeps_classes_in_their_pools(router: Process) -> None:
 
 
 def test_adaptive_session_affinity_within_the_pool(router: Process) -> None:
-    homes = set()
+    homes: set[str] = set()
     for session in ("alice", "bob", "carol", "dave"):
         got = served_by(router, "adaptive", "interactive", 3, **{"X-Session-Id": session})
         assert len(got) == 1, got  # one session, one replica (the pool is idle: no bound)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from router.config.model import ConfigError
 from router.config.parse import parse_config
@@ -15,7 +16,7 @@ from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, client_for, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
-CHAT = [{"role": "user", "content": "Say something short."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something short."}]
 STALL_S = 30.0
 
 

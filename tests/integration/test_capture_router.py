@@ -12,6 +12,7 @@ from pathlib import Path
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from common.capture import CaptureRecord, dump_line, parse_line
 from tests.procs import run_replay, start_emulator
@@ -38,7 +39,8 @@ def _traffic(client: openai.OpenAI, n: int) -> None:
     for i in range(n):
         batch = i % 3 == 2
         headers = {"x-request-class": "batch"} if batch else {}
-        messages = [{"role": "user", "content": f"Request {i}: tell me about routing."}]
+        content = f"Request {i}: tell me about routing."
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": content}]
         if batch:
             client.chat.completions.create(
                 model=MODEL, messages=messages, max_tokens=20 + i, extra_headers=headers

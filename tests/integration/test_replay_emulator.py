@@ -39,8 +39,8 @@ def test_azure_rows_replay_at_their_recorded_lengths(
         _, ctx, gen = line.split(",")
         expected.append((int(ctx), int(gen)))
     got = {}
-    for line in results.read_bytes().splitlines():
-        rec = parse_line(line)
+    for raw in results.read_bytes().splitlines():
+        rec = parse_line(raw)
         assert rec.resp is not None and rec.obs is not None and rec.obs.send_lag_ms is not None
         got[int(rec.custom_id.split("-")[1])] = (rec.resp.prompt_tokens, rec.resp.completion_tokens)
     assert sorted(got) == list(range(20))

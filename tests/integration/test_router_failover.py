@@ -10,13 +10,14 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from router.backends.engines import parse_samples
 from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
-CHAT = [{"role": "user", "content": "Tell me a long story."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
 
 
 def free_port() -> int:
@@ -65,7 +66,7 @@ def test_refused_then_503_then_success(good: Process, flaky: Process, tmp_path: 
             raw = client_for(router.url).chat.completions.with_raw_response.create(
                 model=MODEL,
                 messages=CHAT,
-                max_tokens=4,  # type: ignore[arg-type]
+                max_tokens=4,
             )
             assert raw.headers["x-switchyard-backend"] == "good"
             assert raw.parse().choices[0].message.content
@@ -88,7 +89,7 @@ def test_dead_at_startup_is_not_ready_at_once(good: Process, tmp_path: Path) -> 
         raw = client_for(router.url).chat.completions.with_raw_response.create(
             model=MODEL,
             messages=CHAT,
-            max_tokens=2,  # type: ignore[arg-type]
+            max_tokens=2,
         )
         assert raw.headers["x-switchyard-backend"] == "good"
         text = get(router.url + "/metrics").text
@@ -104,7 +105,7 @@ def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path)
             first = client.chat.completions.with_raw_response.create(
                 model=MODEL,
                 messages=CHAT,
-                max_tokens=3,  # type: ignore[arg-type]
+                max_tokens=3,
             )
             assert first.headers["x-switchyard-backend"] == "victim"
             victim.proc.kill()
@@ -113,7 +114,7 @@ def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path)
                 again = client.chat.completions.with_raw_response.create(
                     model=MODEL,
                     messages=CHAT,
-                    max_tokens=3,  # type: ignore[arg-type]
+                    max_tokens=3,
                 )
                 assert again.headers["x-switchyard-backend"] == "good"
 
@@ -133,7 +134,7 @@ def test_no_healthy_backend_is_not_ready_and_tried_anyway(tmp_path: Path) -> Non
     with start_router(write_config(tmp_path, doc)) as router:
         assert wait_for(lambda: get(router.url + "/ready").status == 503)
         with pytest.raises(openai.APIStatusError) as exc:
-            client_for(router.url).chat.completions.create(model=MODEL, messages=CHAT)  # type: ignore[arg-type]
+            client_for(router.url).chat.completions.create(model=MODEL, messages=CHAT)
         # Panic mode: the probes' verdict does not stop the attempt; the backend refuses it.
         assert exc.value.status_code == 502
         assert exc.value.response.headers["x-switchyard-backend"] == "dead"
@@ -154,7 +155,7 @@ def test_stall_before_headers_times_out_on_each_backend(good: Process, tmp_path:
                 client.chat.completions.create(
                     model=MODEL,
                     messages=CHAT,
-                    stream=True,  # type: ignore[arg-type]
+                    stream=True,
                 )
             assert exc.value.status_code == 504
             text = get(router.url + "/metrics").text
@@ -223,26 +224,23 @@ def test_backend_at_max_inflight_is_skipped_then_429(tmp_path: Path) -> None:
         doc["backends"][1]["max_inflight"] = 1
         with start_router(write_config(tmp_path, doc)) as router:
             client = client_for(router.url)
-            long = {"model": MODEL, "messages": CHAT, "max_tokens": 4000}
             with client.chat.completions.with_streaming_response.create(
-                **long,
-                stream=True,  # type: ignore[arg-type]
+                model=MODEL, messages=CHAT, max_tokens=4000, stream=True
             ) as first:
                 assert first.headers["x-switchyard-backend"] == "a"
                 raw = client.chat.completions.with_raw_response.create(
                     model=MODEL,
                     messages=CHAT,
-                    max_tokens=2,  # type: ignore[arg-type]
+                    max_tokens=2,
                 )
                 assert raw.headers["x-switchyard-backend"] == "b"  # a is full: skipped
                 with client.chat.completions.with_streaming_response.create(
-                    **long,
-                    stream=True,  # type: ignore[arg-type]
+                    model=MODEL, messages=CHAT, max_tokens=4000, stream=True
                 ) as second:
                     assert second.headers["x-switchyard-backend"] == "b"
                     with pytest.raises(openai.RateLimitError):
                         client.chat.completions.create(
                             model=MODEL,
                             messages=CHAT,
-                            max_tokens=2,  # type: ignore[arg-type]
+                            max_tokens=2,
                         )

@@ -7,12 +7,15 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
-CHAT = [{"role": "user", "content": "Say something about routers."}]
+CHAT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Say something about routers."}
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def test_stream_chat_goes_to_vllm_and_says_so(router: str) -> None:
         model=MODEL,
         messages=CHAT,
         max_tokens=8,
-        stream=True,  # type: ignore[arg-type]
+        stream=True,
     ) as resp:
         assert resp.headers["x-switchyard-backend"] == "vllm"
         assert resp.headers["x-switchyard-class"] == "interactive"
@@ -63,7 +66,7 @@ def test_stream_chat_goes_to_vllm_and_says_so(router: str) -> None:
 def test_stream_with_usage_keeps_usage_chunk(router: str) -> None:
     stream = client_for(router).chat.completions.create(
         model=MODEL,
-        messages=CHAT,  # type: ignore[arg-type]
+        messages=CHAT,
         max_tokens=6,
         stream=True,
         stream_options={"include_usage": True},
@@ -77,7 +80,7 @@ def test_batch_class_header_steers_to_deepinfer(router: str) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL,
         messages=CHAT,
-        max_tokens=4,  # type: ignore[arg-type]
+        max_tokens=4,
     )
     assert raw.headers["x-switchyard-backend"] == "deepinfer"
     assert raw.headers["x-switchyard-class"] == "batch"
@@ -87,7 +90,7 @@ def test_batch_class_header_steers_to_deepinfer(router: str) -> None:
 def test_flex_service_tier_is_batch(router: str) -> None:
     raw = client_for(router).chat.completions.with_raw_response.create(
         model=MODEL,
-        messages=CHAT,  # type: ignore[arg-type]
+        messages=CHAT,
         max_tokens=4,
         service_tier="flex",
     )
@@ -131,7 +134,7 @@ def test_alias_rewrites_model_for_the_backend(router: str) -> None:
     raw = client_for(router).chat.completions.with_raw_response.create(
         model="fast",
         messages=CHAT,
-        max_tokens=3,  # type: ignore[arg-type]
+        max_tokens=3,
     )
     assert raw.headers["x-switchyard-backend"] == "vllm"
     assert raw.parse().model == MODEL
@@ -201,7 +204,7 @@ def test_non_stream_bytes_identical_to_direct(router: str, emulators: dict[str, 
 def test_emulator_503_passes_through_after_failover(router: str) -> None:
     client = client_for(router, **{"X-Emulator-Fault": "status=503"})
     with pytest.raises(openai.APIStatusError) as exc:
-        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3)  # type: ignore[arg-type]
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3)
     assert exc.value.status_code == 503
     metrics = get(router + "/metrics").text
     assert re.search(
@@ -222,7 +225,7 @@ def test_mid_stream_failure_ends_with_error_event(router: str) -> None:
     client = client_for(router, **{"X-Emulator-Fault": "drop_after=3"})
     stream = client.chat.completions.create(
         model=MODEL,
-        messages=CHAT,  # type: ignore[arg-type]
+        messages=CHAT,
         max_tokens=50,
         stream=True,
     )
@@ -275,7 +278,7 @@ def test_unknown_route_and_method_are_openai_errors(router: str) -> None:
 def test_bad_class_header_is_400(router: str) -> None:
     client = client_for(router, **{"X-Request-Class": "urgent"})
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3)  # type: ignore[arg-type]
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3)
 
 
 def test_operational_endpoints(router: str) -> None:
@@ -295,7 +298,7 @@ def test_operational_endpoints(router: str) -> None:
 
 
 def test_metrics_are_labelled_per_policy_backend_class(router: str) -> None:
-    client_for(router).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3)  # type: ignore[arg-type]
+    client_for(router).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3)
     text = get(router + "/metrics").text
     assert re.search(
         r'switchyard_requests_total\{backend="vllm",class="interactive",code="200",'
@@ -312,7 +315,7 @@ def test_request_id_is_generated_and_sent_upstream(router: str) -> None:
     raw = client_for(router).chat.completions.with_raw_response.create(
         model=MODEL,
         messages=CHAT,
-        max_tokens=2,  # type: ignore[arg-type]
+        max_tokens=2,
     )
     rid = raw.headers["x-request-id"]
     assert rid.startswith("req-")

@@ -9,7 +9,7 @@ import pytest
 from policies.adaptive import AdaptivePolicy, SpillGovernor, SpillSettings
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
 from policies.testing import make_candidate, make_request
-from policies.types import Candidate, Outcome
+from policies.types import Candidate, Outcome, RequestInfo
 
 # Priors: vllm prefills 40k tokens/s, deepinfer 20k. Interactive TTFT SLO 0.5 s, so with
 # headroom 0.5 a spill must leave the next interactive request predicted under 0.25 s.
@@ -54,11 +54,11 @@ def snap(
     ]
 
 
-def interactive(rid: str = "i", prompt: int = 1000, **kw: object) -> object:
+def interactive(rid: str = "i", prompt: int = 1000, **kw: object) -> RequestInfo:
     return make_request("interactive", request_id=rid, prompt_tokens=prompt, **kw)  # type: ignore[arg-type]
 
 
-def batch(rid: str = "b", prompt: int = 8000) -> object:
+def batch(rid: str = "b", prompt: int = 8000) -> RequestInfo:
     return make_request("batch", request_id=rid, prompt_tokens=prompt, max_tokens=768, stream=False)
 
 
@@ -72,7 +72,7 @@ def batch(rid: str = "b", prompt: int = 8000) -> object:
     ],
 )
 def test_interactive(vllm: int, deepinfer: int, expected: tuple[str, ...]) -> None:
-    decision = build().choose(interactive(), snap(vllm, deepinfer))  # type: ignore[arg-type]
+    decision = build().choose(interactive(), snap(vllm, deepinfer))
     assert decision.ranked == expected
     assert decision.priority is None
 
@@ -97,7 +97,7 @@ def test_batch_spill(
     capable: bool, vllm: int, deepinfer: int, prompt: int, head: str, priority: int | None
 ) -> None:
     policy = build(capable=capable)
-    decision = policy.choose(batch(prompt=prompt), snap(vllm, deepinfer, capable=capable))  # type: ignore[arg-type]
+    decision = policy.choose(batch(prompt=prompt), snap(vllm, deepinfer, capable=capable))
     assert decision.ranked[0] == head
     assert set(decision.ranked) == {"vllm", "deepinfer"}
     assert decision.priority == priority
@@ -107,18 +107,18 @@ def test_no_spill_while_the_low_ttft_engine_decodes_slowly() -> None:
     policy = build({**PARAMS, "tpot_prior_s": {"vllm": 0.012, "deepinfer": 0.007}})
     # finish on vllm: 8k / 40k + 768 x 12 ms = 9.4 s; on deepinfer (100k + 8k) / 20k + 768 x 7 ms
     # = 10.8 s: spill
-    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"  # type: ignore[arg-type]
+    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"
     # interactive streams on vllm now see 40 ms per token: 0.2 + 768 x 40 ms = 31 s there
     for i in range(30):
         req = interactive(f"i{i}")
         policy.on_finish(
             req, "vllm", Outcome(200, True, prompt_tokens=1000, ttft_s=0.1, tpot_s=0.04)
-        )  # type: ignore[arg-type]
+        )
     assert policy.tpot.tpot("vllm") == pytest.approx(0.04, rel=0.05)
-    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # the high-throughput engine with idle room of its own takes batch work itself
     params = {**PARAMS, "spill": {"min_high_inflight": 2}}
-    assert build(params).choose(batch("b2"), snap(0, 50_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+    assert build(params).choose(batch("b2"), snap(0, 50_000)).ranked[0] == "deepinfer"
 
 
 def test_observed_batch_pace_of_the_home_pool_beats_the_model() -> None:
@@ -127,20 +127,20 @@ def test_observed_batch_pace_of_the_home_pool_beats_the_model() -> None:
     # deepinfer actually turns batch requests round at 5 ms per output token: 768 x 5 ms = 3.8 s
     for i in range(5):
         done = batch(f"d{i}")
-        policy.on_finish(done, "deepinfer", Outcome(200, True, 8000, 800, ttft_s=4.0, e2e_s=4.0))  # type: ignore[arg-type]
+        policy.on_finish(done, "deepinfer", Outcome(200, True, 8000, 800, ttft_s=4.0, e2e_s=4.0))
     assert policy.pace.pace("deepinfer") == pytest.approx(0.005)
-    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # failed requests, interactive ones and empty outputs say nothing about the batch pace
-    policy.on_finish(batch("x"), "deepinfer", Outcome(502, False, e2e_s=99.0))  # type: ignore[arg-type]
-    policy.on_finish(interactive("y"), "deepinfer", Outcome(200, True, 1000, 10, e2e_s=99.0))  # type: ignore[arg-type]
-    policy.on_finish(batch("z"), "deepinfer", Outcome(200, True, 8000, 0, e2e_s=99.0))  # type: ignore[arg-type]
+    policy.on_finish(batch("x"), "deepinfer", Outcome(502, False, e2e_s=99.0))
+    policy.on_finish(interactive("y"), "deepinfer", Outcome(200, True, 1000, 10, e2e_s=99.0))
+    policy.on_finish(batch("z"), "deepinfer", Outcome(200, True, 8000, 0, e2e_s=99.0))
     assert policy.pace.pace("deepinfer") == pytest.approx(0.005)
     assert policy.pace.pace("vllm") is None
 
 
 def test_spill_disabled() -> None:
     params = {**PARAMS, "spill": {"enabled": False}}
-    decision = build(params).choose(batch(), snap(0, 50_000))  # type: ignore[arg-type]
+    decision = build(params).choose(batch(), snap(0, 50_000))
     assert decision.ranked == ("deepinfer", "vllm")
 
 
@@ -151,32 +151,32 @@ def test_spill_slots_are_bounded_and_released_on_finish() -> None:
         # the router's view: every open spilled request is in flight on vllm
         n = policy.spilled("vllm")
         cands = snap(8000 * n, 50_000, vllm_inflight=n)
-        return policy.choose(batch(rid), cands).ranked[0]  # type: ignore[arg-type]
+        return policy.choose(batch(rid), cands).ranked[0]
 
     assert [head(f"b{i}") for i in range(3)] == ["vllm", "vllm", "deepinfer"]  # max_inflight 2
     assert policy.spilled("vllm") == 2
-    policy.on_finish(batch("b0"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))  # type: ignore[arg-type]
+    policy.on_finish(batch("b0"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))
     assert policy.spilled("vllm") == 1
     assert head("b3") == "vllm"
     # a reused request id does not leak a slot
-    policy.on_finish(batch("b1"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))  # type: ignore[arg-type]
+    policy.on_finish(batch("b1"), "vllm", Outcome(200, True, prompt_tokens=8000, ttft_s=0.3))
     assert head("b3") == "vllm"
     assert policy.spilled("vllm") == 1  # b3 counted once
     for rid in ("b2", "b3"):
-        policy.on_finish(batch(rid), "deepinfer", Outcome(200, True))  # type: ignore[arg-type]
+        policy.on_finish(batch(rid), "deepinfer", Outcome(200, True))
     assert policy.spilled("vllm") == 0
 
 
 def test_spill_records_never_outlive_the_routers_inflight_count() -> None:
     policy = build()
     for i in range(2):
-        policy.choose(batch(f"b{i}"), snap(8000 * i, 50_000, vllm_inflight=i))  # type: ignore[arg-type]
+        policy.choose(batch(f"b{i}"), snap(8000 * i, 50_000, vllm_inflight=i))
     assert policy.spilled("vllm") == 2
     # neither request ever reached vllm (say every target was refused) and on_finish never
     # came: the router shows one request open there, then none
-    policy.choose(interactive("x"), snap(1000, 0, vllm_inflight=1))  # type: ignore[arg-type]
+    policy.choose(interactive("x"), snap(1000, 0, vllm_inflight=1))
     assert policy.spilled("vllm") == 1
-    policy.choose(batch("b2"), snap(0, 50_000, vllm_inflight=0))  # type: ignore[arg-type]
+    policy.choose(batch("b2"), snap(0, 50_000, vllm_inflight=0))
     assert policy.spilled("vllm") == 1  # the stale ones dropped, b2 spilled anew
 
 
@@ -186,13 +186,13 @@ def test_interactive_jumps_spilled_batch_only_on_priority_capable_replicas() -> 
         policy = build(params, capable=capable)
         for i in range(2):
             cands = snap(8000 * i, 50_000, capable=capable, vllm_inflight=i)
-            assert policy.choose(batch(f"b{i}"), cands).ranked[0] == "vllm"  # type: ignore[arg-type]
+            assert policy.choose(batch(f"b{i}"), cands).ranked[0] == "vllm"
         # vllm now holds the two spilled prompts (16k); deepinfer drained meanwhile. A 5k
         # interactive prompt: capable, it waits for one 2048-token budget, (2048 + 5k) / 40k
         # = 0.18 s; otherwise for both prompts, (16k + 5k) / 40k = 0.525 s, over the 0.5 s SLO
         # while deepinfer predicts 5k / 20k = 0.25 s
         cands = snap(16_000, 0, capable=capable, vllm_inflight=2)
-        decision = policy.choose(interactive(prompt=5000), cands)  # type: ignore[arg-type]
+        decision = policy.choose(interactive(prompt=5000), cands)
         assert decision.ranked[0] == head
 
 
@@ -232,17 +232,17 @@ def test_interactive_misses_on_the_low_pool_stop_the_spill() -> None:
     policy = build()
     late = Outcome(200, True, prompt_tokens=1000, ttft_s=2.0, tpot_s=0.01)
     for i in range(8):
-        policy.on_finish(interactive(f"i{i}"), "vllm", late)  # type: ignore[arg-type]
+        policy.on_finish(interactive(f"i{i}"), "vllm", late)
     assert policy.governor.allowed == 0
-    assert policy.choose(batch(), snap(0, 50_000)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+    assert policy.choose(batch(), snap(0, 50_000)).ranked[0] == "deepinfer"
     # misses on the other pool say nothing about the spill
     other = build()
     for i in range(8):
-        other.on_finish(interactive(f"i{i}"), "deepinfer", late)  # type: ignore[arg-type]
+        other.on_finish(interactive(f"i{i}"), "deepinfer", late)
     assert other.governor.allowed == 2
     # nor do non-streamed interactive requests: their "TTFT" is the whole response
     for i in range(8):
-        other.on_finish(interactive(f"n{i}", stream=False), "vllm", late)  # type: ignore[arg-type]
+        other.on_finish(interactive(f"n{i}", stream=False), "vllm", late)
     assert other.governor.allowed == 2
 
 
@@ -262,14 +262,14 @@ def test_slo_met(outcome: Outcome, met: bool) -> None:
 
 def test_learning_moves_interactive_off_a_slow_engine() -> None:
     policy = build()
-    assert policy.choose(interactive("x"), snap(10_000, 0)).ranked[0] == "vllm"  # type: ignore[arg-type]
+    assert policy.choose(interactive("x"), snap(10_000, 0)).ranked[0] == "vllm"
     # vllm turns out to prefill 5k tokens/s, not 40k: 10k queued + 1k is 2.2 s there
     for i in range(40):
         req = interactive(f"s{i}", prompt=2000)
-        policy.choose(req, snap(3000, 0))  # type: ignore[arg-type]
-        policy.on_finish(req, "vllm", Outcome(200, True, prompt_tokens=2000, ttft_s=1.0))  # type: ignore[arg-type]
+        policy.choose(req, snap(3000, 0))
+        policy.on_finish(req, "vllm", Outcome(200, True, prompt_tokens=2000, ttft_s=1.0))
     assert policy.predictor.rate("vllm") == pytest.approx(5000, rel=0.05)
-    assert policy.choose(interactive("y"), snap(10_000, 0)).ranked[0] == "deepinfer"  # type: ignore[arg-type]
+    assert policy.choose(interactive("y"), snap(10_000, 0)).ranked[0] == "deepinfer"
 
 
 def test_pools_of_replicas_use_session_affinity_within_the_load_bound() -> None:
@@ -282,10 +282,10 @@ def test_pools_of_replicas_use_session_affinity_within_the_load_bound() -> None:
         ] + [make_candidate("deepinfer")]
 
     req = interactive(session_key="user-7")
-    first = policy.choose(req, cands((0, 0, 0))).ranked  # type: ignore[arg-type]
+    first = policy.choose(req, cands((0, 0, 0))).ranked
     assert first[-1] == "deepinfer"
     home = first[0]
-    assert policy.choose(req, cands((1, 1, 1))).ranked[0] == home  # type: ignore[arg-type]
+    assert policy.choose(req, cands((1, 1, 1))).ranked[0] == home
     loads = tuple(6 if n == home else 0 for n in ("vllm", "vllm-1", "vllm-2"))
     assert policy.choose(req, cands(loads)).ranked[0] != home  # type: ignore[arg-type]
     # without a key: least predicted TTFT (queued prompt tokens) first
@@ -294,7 +294,7 @@ def test_pools_of_replicas_use_session_affinity_within_the_load_bound() -> None:
         make_candidate("vllm-1", "vllm", prompt_tokens=1000, inflight=1),
         make_candidate("vllm-2", "vllm", prompt_tokens=5000, inflight=2),
     ]
-    assert policy.choose(interactive(), keyless).ranked == ("vllm-1", "vllm-2", "vllm")  # type: ignore[arg-type]
+    assert policy.choose(interactive(), keyless).ranked == ("vllm-1", "vllm-2", "vllm")
 
 
 def test_unhealthy_and_unpooled_backends() -> None:
@@ -304,15 +304,15 @@ def test_unhealthy_and_unpooled_backends() -> None:
         make_candidate("vllm", healthy=False, priority_capable=True),
         make_candidate("deepinfer"),
     ]
-    assert policy.choose(interactive(), cands).ranked == ("deepinfer", "sglang")  # type: ignore[arg-type]
+    assert policy.choose(interactive(), cands).ranked == ("deepinfer", "sglang")
     # only the low-TTFT pool is left for batch: it goes there, marked low priority
     only_vllm = [
         make_candidate("vllm", priority_capable=True),
         make_candidate("deepinfer", healthy=False),
     ]
-    decision = policy.choose(batch(), only_vllm)  # type: ignore[arg-type]
+    decision = policy.choose(batch(), only_vllm)
     assert (decision.ranked, decision.priority) == (("vllm",), 10)
-    assert policy.choose(batch("b2"), [make_candidate("vllm", healthy=False)]).ranked == ()  # type: ignore[arg-type]
+    assert policy.choose(batch("b2"), [make_candidate("vllm", healthy=False)]).ranked == ()
 
 
 @pytest.mark.parametrize(

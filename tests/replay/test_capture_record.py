@@ -43,7 +43,7 @@ def test_round_trip_keeps_every_field() -> None:
 def _fields(rec: CaptureRecord, **kw: object) -> CaptureRecord:
     d = {k: getattr(rec, k) for k in CaptureRecord.__dataclass_fields__}
     d.update(kw)
-    return CaptureRecord(**d)  # type: ignore[arg-type]
+    return CaptureRecord(**d)
 
 
 def test_a_batch_input_line_is_a_record() -> None:
