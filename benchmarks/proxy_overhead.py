@@ -186,7 +186,16 @@ def _pct(values: list[float], q: float) -> float:
 def _router_config(upstream: str, directory: Path) -> Path:
     doc = {
         "listen": {"host": "127.0.0.1", "port": 0},
-        "backends": [{"name": "fast", "engine": "vllm", "url": upstream, "models": ["bench"]}],
+        "backends": [
+            {
+                "name": "fast",
+                "engine": "vllm",
+                "url": upstream,
+                "models": ["bench"],
+                # The bench upstream's pacing knobs: engines get only allow-listed headers.
+                "forward_headers": ["X-Bench-Gap-Ms", "X-Bench-Chunks"],
+            }
+        ],
         "default_policy": "pinned",
         "policies": {"pinned": {"type": "pinned", "params": {"backend": "fast"}}},
         "health": {"interval": 5.0, "scrape_metrics": False},
