@@ -113,7 +113,7 @@ def prompt_tokens(doc: Mapping[str, Any], endpoint: Endpoint) -> int:
 
 
 def classify(
-    doc: dict[str, Any],
+    body: bytes,
     endpoint: Endpoint,
     *,
     request_id: str,
@@ -122,7 +122,9 @@ def classify(
     session_key: str | None,
     settings: ClassificationSettings,
 ) -> Parsed:
-    """Build the :class:`RequestInfo` for a parsed body; raises 400 on a bad class header."""
+    """Parse ``body`` and build its :class:`RequestInfo`; raises 400 on a bad body or class
+    header. Pure and synchronous, so the handler may run it in a worker thread."""
+    doc = parse_body(body, endpoint)
     stream = bool(doc.get("stream", False))
     max_tokens = doc.get("max_completion_tokens")
     if max_tokens is None:

@@ -17,11 +17,10 @@ from aiohttp import web
 
 from common.sse import StreamMeter
 from policies.base import Policy
-from policies.types import Endpoint, RequestClass
-from router.config.model import ClassificationSettings
+from policies.types import Endpoint
 from router.control.admission import Saturated
 from router.control.auth import Lease, Tenant
-from router.control.classify import Parsed, classify, parse_body
+from router.control.classify import Parsed, classify
 from router.proxy.body import upstream_body
 from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, relay
@@ -64,7 +63,7 @@ async def handle(
         extra["X-Switchyard-Policy"] = policy.name
         ex.body = await read_body(request, state.config.listen.max_body_bytes, state.config.limits)
         understand = partial(
-            _understand,
+            classify,
             ex.body,
             endpoint,
             request_id=rid,
@@ -161,28 +160,6 @@ async def handle(
         if lease is not None:
             lease.release(_settlement(ex, opened, lease.charged))
         ex.finish(state)
-
-
-def _understand(
-    body: bytes,
-    endpoint: Endpoint,
-    *,
-    request_id: str,
-    header_class: str | None,
-    key_class: RequestClass | None,
-    session_key: str | None,
-    settings: ClassificationSettings,
-) -> Parsed:
-    """The body parsed and classified (pure: safe to run in a worker thread)."""
-    return classify(
-        parse_body(body, endpoint),
-        endpoint,
-        request_id=request_id,
-        header_class=header_class,
-        key_class=key_class,
-        session_key=session_key,
-        settings=settings,
-    )
 
 
 def _header(request: web.Request, name: str, tenant: Tenant | None, setting: str) -> str | None:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from policies.types import REQUEST_CLASSES, Endpoint
 from router.config.model import ClassificationSettings, Rule
-from router.control.classify import classify, parse_body
+from router.control.classify import classify
 from router.proxy.body import upstream_body
 from router.server.errors import RouterError
 
@@ -68,9 +68,8 @@ requests = st.fixed_dictionaries(
 
 
 def _parse(raw: bytes, endpoint: Endpoint) -> Any:
-    doc = parse_body(raw, endpoint)
     return classify(
-        doc,
+        raw,
         endpoint,
         request_id="r",
         header_class=None,

@@ -31,7 +31,7 @@ def run(
     settings: ClassificationSettings = RULES,
 ) -> str:
     parsed = classify(
-        parse_body(orjson.dumps(doc), endpoint),
+        orjson.dumps(doc),
         endpoint,
         request_id="r",
         header_class=header,
@@ -79,7 +79,7 @@ def test_bad_class_header() -> None:
 def test_request_info_fields() -> None:
     doc = chat(max_tokens=7, stream=True, stream_options={"include_usage": True})
     parsed = classify(
-        parse_body(orjson.dumps(doc), "chat"),
+        orjson.dumps(doc),
         "chat",
         request_id="rid",
         header_class=None,
@@ -96,7 +96,7 @@ def test_request_info_fields() -> None:
 
 def test_completion_prompt_as_token_ids() -> None:
     parsed = classify(
-        parse_body(b'{"model":"m","prompt":[1,2,3,4]}', "completions"),
+        b'{"model":"m","prompt":[1,2,3,4]}',
         "completions",
         request_id="r",
         header_class=None,
