@@ -33,7 +33,7 @@ scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=False)
+    | st.floats(allow_nan=False, allow_infinity=False)  # JSON has no infinity (orjson: null)
     | st.text(max_size=30)
 )
 json_values = st.recursive(
