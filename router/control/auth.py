@@ -223,7 +223,8 @@ class Gate:
             try:
                 digest = _resolve(spec)
             except ValueError as exc:
-                errors.append((f"api_keys[{i}]", str(exc)))
+                where = "file" if spec.file is not None else "sha256" if spec.sha256 else "env"
+                errors.append((f"api_keys[{i}].{where}", str(exc)))
                 continue
             if digest is not None:
                 self._tenants.append(Tenant(spec, digest, clock))
@@ -323,9 +324,11 @@ def _resolve(spec: ApiKeySpec) -> bytes | None:
         return bytes.fromhex(spec.sha256)
     if spec.file is not None:
         try:
-            key = Path(spec.file).read_text(encoding="utf-8").strip()
+            key = Path(spec.file).read_bytes().decode("utf-8").strip()
         except OSError as exc:
             raise ValueError(f"cannot read key file {spec.file}: {exc.strerror}") from None
+        except UnicodeDecodeError:  # Python's message would quote a byte of the key
+            raise ValueError(f"key file {spec.file} is not UTF-8 text") from None
         if not key:
             raise ValueError(f"key file {spec.file} is empty")
         return digest_of(key)

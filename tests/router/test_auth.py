@@ -74,7 +74,7 @@ def test_optional_keys_let_strangers_through() -> None:
 def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         Gate([ApiKeySpec("f", file=str(tmp_path / "missing"))], required=True)
-    assert exc.value.errors[0][0] == "api_keys[0]"
+    assert exc.value.errors[0][0] == "api_keys[0].file"
 
 
 def test_required_keys_all_unset_let_nobody_in(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,3 +267,13 @@ def test_error_messages_never_name_the_key() -> None:
         with pytest.raises(RouterError) as exc:
             gate.admit(tenant, req(model), CTX)
         assert "team-secret-name" not in exc.value.message
+
+
+def test_a_key_file_that_is_not_utf8_is_a_config_error_without_its_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "key"
+    path.write_bytes(b"sk-\xff\xfesecret")
+    with pytest.raises(ConfigError) as exc:
+        Gate([ApiKeySpec("f", file=str(path))], required=True)
+    [(where, message)] = exc.value.errors
+    assert where == "api_keys[0].file" and message.endswith("is not UTF-8 text")
+    assert "\\xff" not in message and "secret" not in message

@@ -174,7 +174,7 @@ def test_top_level_policy_and_key_errors_come_together(tmp_path: Path) -> None:
     assert [p for p, _ in exc.value.errors] == [
         "listen.port",
         "policies.bad.params.backend",
-        "api_keys[0]",
+        "api_keys[0].file",
     ]
 
 

@@ -89,4 +89,4 @@ def test_unreadable_key_file_fails_check_config(tmp_path: Path) -> None:
     doc = {**GOOD, "api_keys": [{"name": "k", "file": str(tmp_path / "missing")}]}
     with pytest.raises(ConfigError) as exc:
         load_checked(write_config(tmp_path, doc))
-    assert dict(exc.value.errors)["api_keys[0]"].startswith("cannot read key file")
+    assert dict(exc.value.errors)["api_keys[0].file"].startswith("cannot read key file")
