@@ -200,7 +200,9 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     # limit=0: the router's own in-flight caps (max_inflight) bound the pool, not aiohttp.
     connector = aiohttp.TCPConnector(limit=0)
     # auto_decompress=False: the client gets the engine's bytes exactly as sent.
-    session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    session = aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, headers={"User-Agent": SERVER}
+    )
     connections = ConnectionPool()
     writer = None
     if state.config.capture is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from multidict import CIMultiDict
 
 from router.app import build_app, listen_socket, serve
 from router.config.parse import load_config
@@ -32,13 +33,15 @@ class FakeEngine:
     """What the fake engine received, and a gate that holds every stream before its end."""
 
     bodies: list[dict[str, Any]] = field(default_factory=list)
-    headers: list[dict[str, str]] = field(default_factory=list)
+    headers: list[CIMultiDict[str]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     """Streams send their first token, then wait for this before finishing."""
     streaming: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a stream has sent its first token."""
     usage: bool = True
     """Whether answers carry usage figures (an engine may omit them)."""
+    healthy: bool = True
+    """What its /health says (503 when False)."""
 
     def __post_init__(self) -> None:
         self.release.set()
@@ -52,7 +55,7 @@ class FakeEngine:
         return app
 
     async def _health(self, _: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return web.json_response({"status": "ok"}, status=200 if self.healthy else 503)
 
     async def _models(self, _: web.Request) -> web.Response:
         model = {"id": MODEL, "object": "model", "max_model_len": CONTEXT}
@@ -64,7 +67,7 @@ class FakeEngine:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
-        self.headers.append(dict(request.headers))
+        self.headers.append(CIMultiDict(request.headers))
         if (body.get("max_tokens") or 0) > CONTEXT:  # as vLLM answers a budget past the context
             error = {"message": "max_tokens is too large", "type": "BadRequestError", "code": 400}
             return web.json_response({"error": error}, status=400)
@@ -117,27 +120,30 @@ class InProcess:
 
 @contextlib.asynccontextmanager
 async def in_process_router(
-    tmp_path: Path, doc: dict[str, Any], engine: FakeEngine | None = None
+    tmp_path: Path,
+    doc: dict[str, Any],
+    engine: FakeEngine | None = None,
+    others: Mapping[str, FakeEngine] | None = None,
 ) -> AsyncIterator[InProcess]:
-    """Start a fake engine, write ``doc`` (its backends' url set to the engine) and serve it.
+    """Start the fake engines, write ``doc`` with their URLs and serve it.
 
-    ``doc`` names its backends' ``url`` as ``"fake"``; each is pointed at the fake engine.
+    A backend whose ``url`` is ``"fake"`` is pointed at ``engine``; one whose ``url`` is
+    ``"fake:NAME"`` at ``others[NAME]``.
     """
     engine = engine if engine is not None else FakeEngine()
-    upstream = TestServer(engine.app(), host="127.0.0.1")
-    await upstream.start_server()
-    try:
-        url = str(upstream.make_url("")).rstrip("/")
+    engines = {"fake": engine, **{f"fake:{n}": e for n, e in (others or {}).items()}}
+    async with contextlib.AsyncExitStack() as stack:
+        urls = {}
+        for name, fake in engines.items():
+            upstream = TestServer(fake.app(), host="127.0.0.1")
+            await upstream.start_server()
+            stack.push_async_callback(upstream.close)
+            urls[name] = str(upstream.make_url("")).rstrip("/")
         for backend in doc["backends"]:
-            if backend.get("url") == "fake":
-                backend["url"] = url
+            backend["url"] = urls.get(backend.get("url"), backend.get("url"))
         path = write_config(tmp_path, doc)
         app = build_app(load_config(path), config_path=path)
         # The router's own server (guarded site, handler cancellation), as `router serve` runs.
         served = await serve(app, listen_socket("127.0.0.1", 0))
-        try:
-            yield InProcess(app, served.url, engine, path)
-        finally:
-            await served.runner.cleanup()
-    finally:
-        await upstream.close()
+        stack.push_async_callback(served.runner.cleanup)
+        yield InProcess(app, served.url, engine, path)

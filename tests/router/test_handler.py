@@ -174,3 +174,58 @@ async def test_a_body_of_megabytes_is_understood_off_the_event_loop(tmp_path: Pa
         assert resp.headers["X-Switchyard-Class"] == "interactive"
         await asyncio.sleep(0)
         assert backend_figures(ip) == (0, 0)
+
+
+async def test_a_mirrored_request_reaches_the_shadow_and_the_client_gets_the_live_answer(
+    tmp_path: Path,
+) -> None:
+    shadow = FakeEngine()
+    doc = base_config([("fake", "vllm", "fake"), ("shadow", "deepinfer", "fake:shadow")])
+    doc["health"]["scrape_metrics"] = False
+    doc["policies"]["mirrored"] = {"type": "pinned", "params": {"backend": "fake"}}
+    doc["shadow"] = {"mirrored": {"backend": "shadow"}}
+    async with (
+        in_process_router(tmp_path, doc, others={"shadow": shadow}) as ip,
+        aiohttp.ClientSession() as s,
+    ):
+        resp = await s.post(
+            f"{ip.url}/v1/chat/completions",
+            data=orjson.dumps({"model": MODEL, "messages": CHAT, "max_tokens": 4}),
+            headers={"X-Switchyard-Policy": "mirrored", "X-Request-Id": "r-1"},
+        )
+        assert resp.status == 200 and resp.headers["X-Switchyard-Backend"] == "fake"
+        for _ in range(200):
+            if shadow.bodies:
+                break
+            await asyncio.sleep(0.01)
+        assert [h["X-Request-Id"] for h in shadow.headers] == ["r-1-shadow"]
+        assert len(ip.engine.bodies) == 1  # the live engine served it once
+        assert shadow.headers[0]["User-Agent"] == "switchyard"  # no versions upstream either
+        await asyncio.sleep(0.05)  # the shadow's own bookkeeping after its answer
+        metrics = ip.app[STATE].metrics.render().decode()
+        assert 'switchyard_shadow_requests_total{backend="shadow"' in metrics
+        assert 'switchyard_requests_total{backend="shadow"' not in metrics
+
+
+async def test_probes_take_a_failing_backend_out_and_bring_it_back(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    doc = config()
+    doc["health"].update({"interval": 0.05, "failures_to_eject": 2})
+    async with in_process_router(tmp_path, doc, engine) as ip, aiohttp.ClientSession() as s:
+
+        async def ready_status() -> int:
+            async with s.get(f"{ip.url}/ready") as resp:
+                return resp.status
+
+        async def becomes(status: int) -> None:
+            for _ in range(200):
+                if await ready_status() == status:
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"/ready never answered {status}")
+
+        await becomes(200)
+        engine.healthy = False
+        await becomes(503)
+        engine.healthy = True
+        await becomes(200)
