@@ -37,7 +37,7 @@ import orjson
 
 from common.capture import CaptureRecord, Response, dump_line
 from router.config.model import CaptureSettings
-from router.observe.redact import prompt_size, redact
+from router.observe.redact import prompt_size, redact, redact_error
 from router.observe.sink import open_append, write_all
 
 log = logging.getLogger("router")
@@ -197,6 +197,8 @@ class CaptureWriter:
         if mode == "drop" and resp is not None and resp.prompt_tokens is None:
             # Keep the prompt's size so that a replay can synthesize one as long.
             resp = replace(resp, prompt_tokens=prompt_size(rec.body))
+        if resp is not None and resp.error is not None:
+            resp = replace(resp, error=redact_error(resp.error, mode, self._text_key))
         headers = {k.lower(): v for k, v in rec.headers.items() if k.lower() in self._allow}
         try:
             body = redact(rec.body, mode, self._text_key)

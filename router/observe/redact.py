@@ -266,3 +266,27 @@ def redact(body: Mapping[str, Any], mode: Redaction, key: bytes) -> Mapping[str,
     if drop:  # the prompt goes whole, as `drop` promises (and the replayer looks for)
         body = {k: v for k, v in body.items() if k not in _PROMPT_KEYS}
     return _Redactor(drop, key).mapping(dict(body), _BODY, 1)
+
+
+_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def redact_error(error: Mapping[str, object], mode: Redaction, key: bytes) -> Mapping[str, object]:
+    """An answer's error under redaction ``mode``: an engine's message may quote the prompt.
+
+    The message becomes filler (``hash``) or goes (``drop``); ``code`` and ``type`` stay when
+    they are identifiers or numbers (what dashboards group by); anything else goes.
+    """
+    if mode == "none":
+        return error
+    out: dict[str, object] = {}
+    message = error.get("message")
+    if isinstance(message, str) and mode == "hash":
+        out["message"] = hash_text(message, key)
+    for name in ("code", "type"):
+        v = error.get(name)
+        if (isinstance(v, int) and not isinstance(v, bool)) or (
+            isinstance(v, str) and _CODE.fullmatch(v)
+        ):
+            out[name] = v
+    return out

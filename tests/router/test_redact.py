@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from common.tokens import count_chat, count_text
 from router.config.model import Redaction
-from router.observe.redact import hash_text, redact
+from router.observe.redact import hash_text, redact, redact_error
 
 KEY = bytes(range(32))
 MODES: tuple[Redaction, ...] = ("hash", "drop")
@@ -290,3 +290,19 @@ def test_a_body_too_deep_to_write_is_refused() -> None:
     for mode in MODES:
         with pytest.raises(ValueError, match="nested deeper"):
             redact({"model": "m", "metadata": nested}, mode, KEY)
+
+
+@pytest.mark.parametrize("mode", ["hash", "drop"])
+def test_an_engines_error_message_quoting_the_prompt_is_redacted(mode: Redaction) -> None:
+    """pydantic-style engine errors quote the input (``input_value='my password is …'``)."""
+    error = {
+        "message": "1 validation error: input_value='my password is hunter2'",
+        "type": "BadRequestError",
+        "code": 400,
+        "param": "messages[0].content: my password is hunter2",
+    }
+    out = redact_error(error, mode, KEY)
+    assert "hunter2" not in orjson.dumps(out).decode()
+    assert out["type"] == "BadRequestError" and out["code"] == 400
+    assert ("message" in out) is (mode == "hash")
+    assert redact_error(error, "none", KEY) == error
