@@ -13,6 +13,11 @@ from typing import Any
 
 import orjson
 
+OFFLOAD_BYTES = 256 * 1024
+"""A body (request or answer) over this many bytes is parsed in a worker thread: parsing and
+counting megabytes takes a quarter second of CPU, which on the event loop would stall every
+other stream of the worker."""
+
 _USAGE_OPTION = b'"stream_options":{"include_usage":true}'
 
 

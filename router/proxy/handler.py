@@ -21,7 +21,7 @@ from policies.types import Endpoint
 from router.control.admission import Saturated
 from router.control.auth import Lease, Tenant
 from router.control.classify import Parsed, classify
-from router.proxy.body import upstream_body
+from router.proxy.body import OFFLOAD_BYTES, upstream_body
 from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, relay
 from router.proxy.state import RouterState
@@ -41,7 +41,6 @@ PATHS: dict[Endpoint, str] = {
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
 }
-_OFFLOAD_BYTES = 256 * 1024
 log = logging.getLogger("router")
 
 
@@ -72,9 +71,8 @@ async def handle(
             session_key=request.headers.get("X-Session-Id"),
             settings=state.config.classification,
         )
-        # Parsing and counting a body of megabytes takes a quarter second of CPU: in a
-        # thread, the event loop still gets its turns (every switch interval) meanwhile.
-        big = len(ex.body) > _OFFLOAD_BYTES
+        # In a thread, the event loop still gets its turns (every switch interval) meanwhile.
+        big = len(ex.body) > OFFLOAD_BYTES
         parsed = await asyncio.to_thread(understand) if big else understand()
         ex.doc = parsed.doc
         ex.info = info = parsed.info

@@ -24,6 +24,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from common.sse import StreamMeter
+from router.proxy.body import OFFLOAD_BYTES
 from router.proxy.connection import BodyTooLarge, Connection, UpstreamError
 from router.proxy.upstream import Opened, UpstreamFault, downstream_headers, replacement_error
 from router.server.errors import sse_error_event
@@ -207,5 +208,8 @@ async def _whole(
         if fault is not None:
             raise fault
     end = time.monotonic()
-    meter.feed_body(body, end)
+    if len(body) > OFFLOAD_BYTES:
+        await asyncio.to_thread(meter.feed_body, body, end)
+    else:
+        meter.feed_body(body, end)
     return Relayed(web.Response(status=head.status, body=body, headers=headers), head.status, end)
