@@ -124,7 +124,7 @@ async def test_reload_answers_400_without_values_and_keeps_the_config(tmp_path: 
         )
         status, message = await reload()
         assert status == 400
-        for key in ("default_policy:", "policies.p.params.backend:", "api_keys[0]:"):
+        for key in ("default_policy:", "policies.p.params.backend:", "api_keys[0].file:"):
             assert key in message
         async with client.get("/switchyard/policies") as reply:
             assert {p["name"] for p in await reply.json()} == set(GOOD["policies"])
