@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -479,20 +479,12 @@ class StreamMeter:
         if not isinstance(usage, dict):
             self._count("bad_usage")
             return
-        bad = False
-        n = usage.get("prompt_tokens")
-        if n is not None:
-            if type(n) is int and 0 <= n <= MAX_USAGE_TOKENS:
-                self.prompt_tokens = n
-            else:
-                bad = True
-        n = usage.get("completion_tokens")
-        if n is not None:
-            if type(n) is int and 0 <= n <= MAX_USAGE_TOKENS:
-                self.completion_tokens = n
-            else:
-                bad = True
-        if bad:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if _is_count(prompt):
+            self.prompt_tokens = prompt
+        if _is_count(completion):
+            self.completion_tokens = completion
+        if any(n is not None and not _is_count(n) for n in (prompt, completion)):
             self._count("bad_usage")
 
     def feed_body(self, body: bytes, now: float) -> None:
@@ -563,6 +555,11 @@ def _has_content(doc: object) -> bool:
         if value and isinstance(value, str | list):
             return True
     return False
+
+
+def _is_count(n: object) -> TypeGuard[int]:
+    """A token count a backend may report: a whole number in range (a JSON bool is not)."""
+    return type(n) is int and 0 <= n <= MAX_USAGE_TOKENS
 
 
 def _generated_tokens(choice: Mapping[str, Any]) -> int:
