@@ -108,6 +108,17 @@ def answer_each(response: bytes) -> Script:
     return script
 
 
+def answer_once(raw: bytes) -> Script:
+    """A script that answers one request with ``raw``, then waits for its client to go."""
+
+    async def script(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(raw)
+        await peer.client_gone()
+
+    return script
+
+
 async def until(predicate: Callable[[], bool], seconds: float = 2.0) -> None:
     """Poll ``predicate`` every millisecond; TimeoutError if it stays false for ``seconds``."""
     async with asyncio.timeout(seconds):

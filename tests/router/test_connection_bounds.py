@@ -8,7 +8,7 @@ from contextlib import closing
 import pytest
 
 from router.proxy.connection import BodyTooLarge, ConnectionPool
-from tests.router.rawserver import Backend, Peer, chunk, start
+from tests.router.rawserver import Backend, answer_once, chunk, start
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -21,12 +21,7 @@ def _tiny_chunks(body: bytes) -> bytes:
 async def test_one_byte_chunks_read_to_the_limit(limit: int | None, reused: bool) -> None:
     body = (bytes(range(256)) * 12)[:3000]  # 3000 chunks of one byte
 
-    async def script(peer: Peer) -> None:
-        await peer.request()
-        await peer.send(_tiny_chunks(body))
-        await peer.client_gone()
-
-    async with Backend(script) as backend:
+    async with Backend(answer_once(_tiny_chunks(body))) as backend:
         with closing(ConnectionPool()) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
@@ -36,12 +31,7 @@ async def test_one_byte_chunks_read_to_the_limit(limit: int | None, reused: bool
 
 
 async def test_garbage_after_a_whole_response_keeps_its_body() -> None:
-    async def script(peer: Peer) -> None:
-        await peer.request()
-        await peer.send(_tiny_chunks(b"whole") + b"garbage\r\n")
-        await peer.client_gone()
-
-    async with Backend(script) as backend:
+    async with Backend(answer_once(_tiny_chunks(b"whole") + b"garbage\r\n")) as backend:
         with closing(ConnectionPool()) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
@@ -54,12 +44,7 @@ async def test_garbage_after_a_whole_response_keeps_its_body() -> None:
 async def test_read_without_truncating_refuses_a_longer_body(limit: int) -> None:
     body = b"y" * 3000
 
-    async def script(peer: Peer) -> None:
-        await peer.request()
-        await peer.send(_tiny_chunks(body))
-        await peer.client_gone()
-
-    async with Backend(script) as backend:
+    async with Backend(answer_once(_tiny_chunks(body))) as backend:
         with closing(ConnectionPool()) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
