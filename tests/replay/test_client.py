@@ -12,6 +12,7 @@ from aiohttp import web
 
 from common.capture import CaptureRecord
 from replay.client import Client, encode_body
+from tests.replay.served import served
 
 
 def _event(doc: bytes) -> bytes:
@@ -61,15 +62,8 @@ async def base() -> AsyncIterator[str]:
     app.router.add_post("/v1/broken", _broken)
     app.router.add_post("/v1/busy", _busy)
     app.router.add_post("/v1/completions", _whole)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url
 
 
 def _rec(url: str, **body: object) -> CaptureRecord:

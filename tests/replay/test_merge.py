@@ -19,6 +19,7 @@ from common.capture import CaptureRecord, dump_line
 from replay.merge import merge_results
 from replay.replayer import Replayer, ReplayOptions, build_report
 from replay.report import render_tables
+from tests.replay.served import served
 
 SHADOW_DELAY = 0.15  # the shadow answers this much later than the target
 REQUESTS = 6
@@ -40,15 +41,8 @@ async def _engine(delay: float) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url
 
 
 @pytest.fixture
