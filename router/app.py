@@ -18,6 +18,7 @@ from policies.registry import PolicyConfigError, build_policy
 from policies.types import REQUEST_CLASSES
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
+from router.batch.service import BatchService
 from router.config.model import ConfigError, RouterConfig
 from router.control.admission import Admission
 from router.control.auth import Gate, admin_only
@@ -97,6 +98,8 @@ def build_app(
     app.cleanup_ctx.append(_lifespan)
     app.on_response_prepare.append(_server_header)
     _routes(app, state)
+    if config.batch is not None:  # after the app's own lifespan: lines need the router up
+        BatchService(state, config.batch).install(app)
     if config_path is not None:
         app[RELOADER] = reloader = Reloader(
             state, config_path, partial(build_policies, metrics=metrics)

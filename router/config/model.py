@@ -250,6 +250,29 @@ class ShadowSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """The Batch API (``/v1/files``, ``/v1/batches``), executed by the router (router.batch)."""
+
+    store: str = ""
+    """``sqlite:///path`` or ``postgresql://...``; empty: ``batch.db`` in :attr:`data_dir`."""
+    data_dir: str = "switchyard-batch"
+    max_concurrency: int = 64
+    """Lines in flight per router process at most: the budget when no policy declares SLOs,
+    else the ceiling of the window the interactive TTFT paces (router.batch.pacing)."""
+    min_concurrency: int = 1
+    initial_concurrency: int = 4
+    headroom: float = 0.8
+    """The window shrinks when interactive P95 TTFT passes this share of its SLO."""
+    lease_seconds: float = 30.0
+    """A line's lease: renewed while it runs; a dead router's lines are taken after it."""
+    max_attempts: int = 3
+    """Tries of a line whose engine failed (5xx); 429 and saturation are retried until the
+    completion window ends."""
+    max_file_bytes: int = 200 * 1024 * 1024
+    max_lines: int = 50000
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     backends: tuple[BackendSpec, ...]
     policies: tuple[PolicySpec, ...]
@@ -273,6 +296,8 @@ class RouterConfig:
     admission: AdmissionSettings = AdmissionSettings()
     shadow: Mapping[str, ShadowSettings] = field(default_factory=dict)
     """Served policy name -> where its mirrored requests go."""
+    batch: BatchSettings | None = None
+    """The Batch API; None: its endpoints answer 404."""
 
     def timeouts_for(self, request_class: str) -> ClassTimeouts:
         return self.timeouts.get(request_class) or ClassTimeouts()

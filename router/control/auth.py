@@ -249,6 +249,10 @@ class Gate:
             raise RouterError(401, "invalid or missing API key", code="invalid_api_key")
         return found
 
+    def tenant(self, capture_id: str) -> Tenant | None:
+        """The configured key whose tenant id is ``capture_id`` (a batch's creator)."""
+        return next((t for t in self._tenants if t.capture_id == capture_id), None)
+
     def needs_admin(self, path: str) -> bool:
         """Whether ``path`` is an admin endpoint under this configuration."""
         return path.startswith("/switchyard/") or (self._protect_metrics and path == "/metrics")

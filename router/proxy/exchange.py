@@ -86,6 +86,8 @@ class Exchange:
             prompt_tokens=prompt,
             output_tokens=output,
         )
+        for watch in state.on_finish:
+            watch(self.request_class, ttft)
         if self.meter is not None:
             for kind, count in self.meter.protocol_errors.items():
                 state.metrics.protocol_errors(backend, kind, count)

@@ -41,6 +41,9 @@ PATHS: dict[Endpoint, str] = {
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
 }
+TENANT = "switchyard.tenant"
+"""A request's key under which router.batch's line site sets the tenant a batch line runs as
+(its creator's): the handler then takes it instead of identifying the caller by API key."""
 log = logging.getLogger("router")
 
 
@@ -56,7 +59,7 @@ async def handle(
     opened: Opened | None = None
     lease: Lease | None = None
     try:
-        tenant = state.gate.identify(request.headers)
+        tenant = request[TENANT] if TENANT in request else state.gate.identify(request.headers)
         ex.tenant = tenant.capture_id if tenant is not None else None
         ex.policy = policy = _policy(request, state, tenant)
         extra["X-Switchyard-Policy"] = policy.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -37,6 +38,8 @@ class RouterState:
     slo: SloTable = field(default_factory=dict)
     capture: CaptureWriter | None = None
     """The capture writer, when the config captures."""
+    on_finish: list[Callable[[str, float | None], None]] = field(default_factory=list)
+    """Told each finished request's class and TTFT (the batch executor's pacing)."""
     _session: aiohttp.ClientSession | None = None
     _connections: ConnectionPool | None = None
 

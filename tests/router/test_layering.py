@@ -2,7 +2,8 @@
 
 Bottom up: config (the frozen model and its parser), server (errors, the guarded site,
 child processes), observe (metrics, capture), backends (pool, breaker, health), control
-(auth, admission, classification), proxy (the request path). The top-level modules (app,
+(auth, admission, classification), proxy (the request path), batch (the Batch API, whose
+lines take the request path). The top-level modules (app,
 cli, reload, __main__) compose them and may import any layer; no layer imports them.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROUTER = Path(__file__).resolve().parents[2] / "router"
-LAYERS = ("config", "server", "observe", "backends", "control", "proxy")
+LAYERS = ("config", "server", "observe", "backends", "control", "proxy", "batch")
 
 
 def router_imports(path: Path) -> set[str]:

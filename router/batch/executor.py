@@ -1,0 +1,277 @@
+"""Running batches: take lines under lease, send each through the router, write the answers.
+
+One executor per router process. Each turn (:data:`TICK` seconds, sooner when a line ends) it
+looks at the batches some router still has work on and, in creation order:
+
+- finalizes a batch whose lines are all answered (status ``finalizing``, then ``completed``
+  with its output and error files), a ``cancelling`` one (``cancelled``) and one past its
+  completion window (``expired``: its unanswered lines go to the error file as
+  ``batch_expired``) once no router runs a line of it any more;
+- takes as many open lines as the pacing window leaves room for (router.batch.pacing) and
+  runs each as a ``batch``-class request through the private line site (router.batch.lines).
+
+A line that the router turned away (429, 503: the batch pool is full) is given back and
+taken again after a pause, until the window ends; one whose engine failed (other 5xx) is
+tried up to ``max_attempts`` times; any other answer is final: 2xx to the output file, the
+rest to the error file, in OpenAI's line shape. Leases are renewed while lines run, so only a
+dead router's lines are taken over by another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+
+import aiohttp
+import orjson
+
+from router.batch.lines import OWNER_HEADER, TOKEN_HEADER, LineSite
+from router.batch.metrics import BatchMetrics
+from router.batch.pacing import Pacer
+from router.batch.store import BatchRow, BatchStatus, BatchStore, FileRow, Finished, Line
+from router.config.model import BatchSettings
+
+TICK = 0.5
+"""Seconds between two looks at the store when nothing happens."""
+RETRY_PAUSE = 1.0
+"""Seconds before a line turned away is taken again (doubling per try, at most 30 s)."""
+_RETRY_ALWAYS = frozenset({429, 503})
+log = logging.getLogger("router")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+class Executor:
+    """Takes, runs and finishes batch lines for one router process."""
+
+    def __init__(
+        self,
+        store: BatchStore,
+        site: LineSite,
+        pacer: Pacer,
+        metrics: BatchMetrics,
+        settings: BatchSettings,
+    ) -> None:
+        self._store = store
+        self._site = site
+        self._pacer = pacer
+        self._metrics = metrics
+        self._settings = settings
+        self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        """This process's name on the leases it holds."""
+        self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def start(self) -> None:
+        # No total timeout: the router's own per-class timeouts bound each line.
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        self._loop_task = asyncio.create_task(self._loop(), name="batch-executor")
+
+    def wake(self) -> None:
+        """Look at the store now (a batch was created or cancelled)."""
+        self._wake.set()
+
+    async def aclose(self) -> None:
+        """Stop taking lines, give up those running and hand their leases back at once."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._store.renew(self.worker, 0.0)
+        if self._session is not None:
+            await self._session.close()
+
+    async def _loop(self) -> None:
+        renewed = time.monotonic()
+        while True:
+            try:
+                await self._turn()
+                if self._running and time.monotonic() - renewed > self._settings.lease_seconds / 3:
+                    renewed = time.monotonic()
+                    await self._store.renew(self.worker, time.time() + self._settings.lease_seconds)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database hiccup: try again next turn
+                log.exception("batch executor turn failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK)
+
+    async def _turn(self) -> None:
+        now = time.time()
+        batches = await self._store.active()
+        self._metrics.update_rates({b.id for b in batches})
+        wanting = False
+        for batch in batches:
+            if batch.status == "finalizing":
+                await self._finalize(batch, "completed")
+            elif batch.status == "cancelling" or now >= batch.expires_at:
+                if not self._runs(batch.id) and not await self._store.live_leases(batch.id, now):
+                    await self._finalize(
+                        batch, "cancelled" if batch.status == "cancelling" else "expired"
+                    )
+            elif batch.completed + batch.failed >= batch.total:
+                await self._finalize(batch, "completed")
+            else:
+                wanting |= await self._take(batch, now)
+        self._pacer.adjust(wanting)
+        self._metrics.window.set(self._pacer.window)
+        self._metrics.inflight.set(len(self._running))
+
+    def _runs(self, batch_id: str) -> bool:
+        return any(key[0] == batch_id for key in self._running)
+
+    async def _take(self, batch: BatchRow, now: float) -> bool:
+        """Start lines of ``batch`` as the window allows; True when it wanted more."""
+        free = self._pacer.window - len(self._running)
+        if free <= 0:
+            return True
+        until = now + self._settings.lease_seconds
+        lines = await self._store.claim(batch.id, self.worker, free, now, until)
+        for line in lines:
+            key = (line.batch_id, line.idx)
+            self._running[key] = asyncio.create_task(self._run(batch, line), name="batch-line")
+        return len(lines) == free
+
+    async def _run(self, batch: BatchRow, line: Line) -> None:
+        try:
+            status, request_id, body, retry_after = await self._send(batch, line)
+            if status is None or self._retry(status, line):
+                if status is None or status in _RETRY_ALWAYS:
+                    self._pacer.refused()
+                pause = retry_after or min(30.0, RETRY_PAUSE * 2 ** (line.attempts - 1))
+                await self._store.release_line(line, self.worker, time.time() + pause)
+                return
+            done = _finished(line, status, request_id, body)
+            if await self._store.finish_line(line, self.worker, done, time.time()):
+                self._metrics.line(batch.id, done.ok, done.prompt_tokens, done.completion_tokens)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("batch %s line %d failed inside the router", batch.id, line.idx)
+        finally:
+            self._running.pop((line.batch_id, line.idx), None)
+            self._wake.set()
+
+    def _retry(self, status: int, line: Line) -> bool:
+        if status in _RETRY_ALWAYS:
+            return True
+        return status >= 500 and line.attempts < self._settings.max_attempts
+
+    async def _send(
+        self, batch: BatchRow, line: Line
+    ) -> tuple[int | None, str | None, bytes, float | None]:
+        """The router's answer to the line: status (None: no answer), request id, body and
+        the Retry-After it asked for."""
+        assert self._session is not None
+        headers = {
+            TOKEN_HEADER: self._site.token,
+            OWNER_HEADER: batch.owner,
+            "Content-Type": "application/json",
+            "X-Request-Class": "batch",
+            "X-Request-Id": line.custom_id,
+            "X-Switchyard-Batch": batch.id,
+        }
+        try:
+            async with self._session.post(
+                self._site.url + line.url, data=line.body, headers=headers
+            ) as resp:
+                body = await resp.read()
+                return resp.status, resp.headers.get("X-Request-Id"), body, _seconds(resp.headers)
+        except (aiohttp.ClientError, OSError):
+            return None, None, b"", None
+
+    async def _finalize(self, batch: BatchRow, status: BatchStatus) -> None:
+        """Write the batch's output and error files and set its final status."""
+        now = time.time()
+        showing: BatchStatus = "finalizing" if status == "completed" else batch.status  # type: ignore[assignment]
+        if not await self._store.begin_finalize(
+            batch.id, now, now + self._settings.lease_seconds, showing
+        ):
+            return
+        output: list[bytes] = []
+        errors: list[bytes] = []
+        expired = 0
+        for r in await self._store.line_results(batch.id):
+            if r.result is not None:
+                (output if r.state == "done" else errors).append(r.result)
+            elif status == "expired":
+                expired += 1
+                errors.append(_expired_line(r.custom_id))
+        if expired:
+            self._metrics.expired(batch.id, expired)
+        files: list[tuple[FileRow, bytes]] = []
+        ids: dict[str, str | None] = {"output": None, "error": None}
+        for kind, lines in (("output", output), ("error", errors)):
+            if lines:
+                content = b"\n".join(lines) + b"\n"
+                row = FileRow(
+                    new_id("file-"),
+                    batch.owner,
+                    "batch_output",
+                    f"{batch.id}_{kind}.jsonl",
+                    len(content),
+                    int(now),
+                )
+                files.append((row, content))
+                ids[kind] = row.id
+        await self._store.finish_batch(
+            batch.id, status, int(time.time()), files, ids["output"], ids["error"], expired
+        )
+
+
+def _seconds(headers: Mapping[str, str]) -> float | None:
+    try:
+        return min(30.0, float(headers.get("Retry-After", "")))
+    except ValueError:
+        return None
+
+
+def _finished(line: Line, status: int, request_id: str | None, body: bytes) -> Finished:
+    """The line's output (2xx) or error line, and its token counts."""
+    try:
+        doc = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        doc = body.decode("utf-8", "replace")
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    prompt = completion = 0
+    if isinstance(usage, dict):
+        prompt = _count(usage.get("prompt_tokens"))
+        completion = _count(usage.get("completion_tokens"))
+    response = {"status_code": status, "request_id": request_id, "body": doc}
+    out = {
+        "id": new_id("batch_req_"),
+        "custom_id": line.custom_id,
+        "response": response,
+        "error": None,
+    }
+    return Finished(200 <= status < 300, orjson.dumps(out), prompt, completion)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _expired_line(custom_id: str) -> bytes:
+    error = {
+        "code": "batch_expired",
+        "message": "This line was not run before the batch's completion window ended.",
+    }
+    return orjson.dumps(
+        {"id": new_id("batch_req_"), "custom_id": custom_id, "response": None, "error": error}
+    )

@@ -1,0 +1,77 @@
+"""The private loopback listener that batch lines enter the router through.
+
+A batch line is a client request like any other: it goes through the one request path
+(router.proxy.handler: classify, admit, policy, failover, metrics, capture). This listener
+serves that handler on a loopback port of its own, so a line is served by the process that
+took it, whatever other workers share the public port, and uses none of the public site's
+connection budget. Only the executor of this process can use it: every request must carry
+the random token made at start; the tenant the line runs as (the batch's creator) is named
+by its id in a header and looked up among the configured keys.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import socket
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from policies.types import Endpoint
+from router.proxy.handler import PATHS, TENANT, handle
+from router.proxy.state import RouterState
+from router.server.errors import RouterError, error_response
+
+TOKEN_HEADER = "X-Switchyard-Line-Token"
+OWNER_HEADER = "X-Switchyard-Batch-Owner"
+
+
+class LineSite:
+    """The listener; :attr:`url` and :attr:`token` once :meth:`start` ran."""
+
+    def __init__(self, state: RouterState) -> None:
+        self._state = state
+        self.token = secrets.token_urlsafe(32)
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        state = self._state
+        app = web.Application(
+            client_max_size=state.config.listen.max_body_bytes, middlewares=[self._guard]
+        )
+        for endpoint, path in PATHS.items():
+            app.router.add_post(path, self._proxied(endpoint))
+        # handler_cancellation: a line given up (shutdown) closes its upstream request at once.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(256)
+        sock.setblocking(False)
+        await web.SockSite(self._runner, sock).start()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _proxied(self, endpoint: Endpoint) -> Handler:
+        async def proxied(request: web.Request) -> web.StreamResponse:
+            return await handle(request, self._state, endpoint)
+
+        return proxied
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        token = request.headers.get(TOKEN_HEADER, "")
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
+            return error_response(RouterError(403, "not a batch line", code="forbidden"))
+        owner = request.headers.get(OWNER_HEADER, "")
+        tenant = self._state.gate.tenant(owner) if owner else None
+        if owner and tenant is None:
+            message = "the API key that created this batch is no longer configured"
+            return error_response(RouterError(401, message, code="invalid_api_key"))
+        request[TENANT] = tenant
+        return await handler(request)

@@ -1,0 +1,80 @@
+"""How many batch lines one router runs at once: AIMD on the interactive class's TTFT.
+
+With an interactive TTFT SLO (the policies' goodput targets, router.control.slo) the window
+starts at ``initial_concurrency`` and, once per :data:`PERIOD`, while the lines want more than
+it allows:
+
+- grows by a tenth, at least one line (additive increase) while the interactive P95 TTFT of the last
+  :data:`WINDOW` seconds stays under ``headroom`` x its SLO (or there is no interactive
+  traffic to protect);
+- halves (multiplicative decrease, not below ``min_concurrency``) when it does not, and when
+  the router turned lines away (429 or saturation), which says the batch pool is full.
+
+Without any SLO the window is fixed at ``max_concurrency``: a plain concurrency budget.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+from router.config.model import BatchSettings
+
+PERIOD = 1.0
+"""Seconds between two adjustments."""
+WINDOW = 10.0
+"""Seconds of interactive TTFTs the P95 is taken over."""
+MIN_SAMPLES = 5
+"""Fewer interactive answers than this in the window are no signal (no decrease)."""
+_KEEP = 2048
+
+
+class Pacer:
+    """The batch lines' concurrency window."""
+
+    def __init__(self, settings: BatchSettings, slo_ttft: float | None) -> None:
+        """``slo_ttft``: the interactive TTFT target in seconds; None: a fixed budget."""
+        self._settings = settings
+        self._target = None if slo_ttft is None else slo_ttft * settings.headroom
+        self._ttfts: deque[tuple[float, float]] = deque(maxlen=_KEEP)
+        self._refused = False
+        self._last = time.monotonic()
+        self.limit = float(
+            settings.initial_concurrency if slo_ttft is not None else settings.max_concurrency
+        )
+
+    @property
+    def window(self) -> int:
+        """Lines that may be in flight now."""
+        return int(self.limit)
+
+    def observe(self, request_class: str, ttft: float | None) -> None:
+        """An answered request (any class; only interactive TTFTs count)."""
+        if request_class == "interactive" and ttft is not None:
+            self._ttfts.append((time.monotonic(), ttft))
+
+    def refused(self) -> None:
+        """The router turned a line away (429, no free backend slot)."""
+        self._refused = True
+
+    def p95(self, now: float) -> float | None:
+        """The interactive P95 TTFT over the window; None with too few samples."""
+        recent = sorted(t for at, t in self._ttfts if at >= now - WINDOW)
+        if len(recent) < MIN_SAMPLES:
+            return None
+        return recent[min(len(recent) - 1, math.ceil(0.95 * len(recent)) - 1)]
+
+    def adjust(self, wanting: bool) -> None:
+        """Once per period: ``wanting`` says the lines had more to run than the window held."""
+        now = time.monotonic()
+        if now - self._last < PERIOD or self._target is None:
+            return
+        self._last = now
+        s = self._settings
+        p95 = self.p95(now)
+        if self._refused or (p95 is not None and p95 > self._target):
+            self.limit = max(float(s.min_concurrency), self.limit / 2)
+        elif wanting:
+            self.limit = min(float(s.max_concurrency), self.limit + max(1.0, self.limit / 10))
+        self._refused = False

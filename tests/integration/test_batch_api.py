@@ -1,0 +1,245 @@
+"""The Batch API end to end: the official client against a router in front of two emulators.
+
+Files are uploaded, batches created, run by the router itself on the batch pool, and their
+output and error files read back; bad input fails the batch with its errors; a cancelled and
+an expired batch end in their states with the lines they got to.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types import Batch
+
+from tests.procs import Process, start_emulator
+from tests.router.harness import base_config, get, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("batch-capture") / "capture.jsonl"
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, capture: Path) -> Iterator[Process]:
+    work = tmp_path_factory.mktemp("batch")
+    with (
+        start_emulator("vllm", time_scale=50) as vllm,
+        start_emulator("deepinfer", time_scale=50) as deepinfer,
+    ):
+        doc = base_config([("vllm", "vllm", vllm.url), ("deepinfer", "deepinfer", deepinfer.url)])
+        doc["batch"] = {"data_dir": str(work / "data"), "max_concurrency": 8}
+        doc["capture"] = {"path": str(capture)}
+        with start_router(write_config(work, doc)) as proc:
+            yield proc
+
+
+@pytest.fixture
+def client(router: Process) -> openai.OpenAI:
+    return openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def chat_line(custom_id: str, max_tokens: int = 4, **body: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": f"say {custom_id}"}]
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": messages, "max_tokens": max_tokens, **body},
+    }
+
+
+def submit(
+    client: openai.OpenAI, rows: list[dict[str, Any]], endpoint: str = "/v1/chat/completions",
+    window: str = "24h",
+) -> Batch:  # fmt: skip
+    f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
+    return client.batches.create(
+        input_file_id=f.id,
+        endpoint=endpoint,  # type: ignore[arg-type]
+        completion_window=window,  # type: ignore[arg-type]
+        metadata={"job": "test"},
+    )
+
+
+def wait(client: openai.OpenAI, batch_id: str, timeout: float = 60.0) -> Batch:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        b = client.batches.retrieve(batch_id)
+        if b.status in ("completed", "failed", "expired", "cancelled"):
+            return b
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} still {b.status} after {timeout} s")
+
+
+def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
+
+
+def test_files_round_trip(client: openai.OpenAI) -> None:
+    data = jsonl([chat_line("a")])
+    f = client.files.create(file=("mine.jsonl", io.BytesIO(data)), purpose="batch")
+    assert (f.object, f.purpose, f.bytes, f.filename) == ("file", "batch", len(data), "mine.jsonl")
+    assert client.files.retrieve(f.id).id == f.id
+    assert f.id in [x.id for x in client.files.list(purpose="batch")]
+    assert client.files.content(f.id).content == data
+    assert client.files.delete(f.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(f.id)
+
+
+def test_upload_needs_the_batch_purpose(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
+    assert exc.value.param == "purpose"
+
+
+def test_a_batch_runs_on_the_batch_pool(
+    client: openai.OpenAI, router: Process, capture: Path
+) -> None:
+    ids = [f"line-{i}" for i in range(30)]
+    batch = submit(client, [chat_line(i) for i in ids])
+    assert batch.status == "in_progress" and batch.request_counts is not None
+    assert batch.request_counts.total == 30
+    done = wait(client, batch.id)
+    assert done.status == "completed", done
+    assert done.request_counts is not None and done.request_counts.completed == 30
+    assert done.metadata == {"job": "test"}
+    assert done.completed_at is not None and done.finalizing_at is not None
+    out = lines_of(client, done.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == sorted(ids)
+    for x in out:
+        assert x["id"].startswith("batch_req_") and x["error"] is None
+        assert x["response"]["status_code"] == 200
+        assert x["response"]["request_id"] == x["custom_id"]
+        assert x["response"]["body"]["usage"]["completion_tokens"] >= 1
+    assert done.error_file_id is None
+    assert client.batches.list().data[0].id == batch.id
+    # Every line went through the request path: captured, as batch class, on the batch pool.
+    time.sleep(1.0)  # the capture sink writes asynchronously
+    captured = [json.loads(x) for x in capture.read_text().splitlines()]
+    mine = [c for c in captured if c["headers"].get("x-request-id") in ids]
+    assert sorted(c["custom_id"] for c in mine) == sorted(ids)
+    assert {(c["route"]["class"], c["route"]["backend"]) for c in mine} == {("batch", "deepinfer")}
+    metrics = get(router.url + "/metrics").text
+    assert f'switchyard_batch_lines_total{{batch="{batch.id}",outcome="completed"}} 30.0' in metrics
+    assert f'switchyard_batch_tokens_total{{batch="{batch.id}",kind="completion"}}' in metrics
+
+
+def test_embeddings_and_completions_batches(client: openai.OpenAI) -> None:
+    emb = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": MODEL, "input": f"text {i}"}}
+        for i in range(3)
+    ]  # fmt: skip
+    comp = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+         "body": {"model": MODEL, "prompt": f"count {i}", "max_tokens": 3}}
+        for i in range(3)
+    ]  # fmt: skip
+    for rows, endpoint, key in (
+        (emb, "/v1/embeddings", "data"),
+        (comp, "/v1/completions", "choices"),
+    ):
+        done = wait(client, submit(client, rows, endpoint).id)
+        assert done.status == "completed", done
+        out = lines_of(client, done.output_file_id)
+        assert len(out) == 3 and all(key in x["response"]["body"] for x in out)
+
+
+def test_bad_input_fails_the_batch_with_every_error(client: openai.OpenAI) -> None:
+    good = chat_line("ok")
+    rows = jsonl([good, {**good, "method": "GET", "custom_id": "m"}])
+    rows += b"{not json\n"
+    rows += jsonl([{**good, "url": "/v1/embeddings", "custom_id": "u"}, good])
+    f = client.files.create(file=("bad.jsonl", io.BytesIO(rows)), purpose="batch")
+    b = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert b.status == "failed" and b.failed_at is not None and b.errors is not None
+    found = [(e.code, e.line) for e in b.errors.data or []]
+    assert found == [
+        ("invalid_method", 2),
+        ("invalid_json_line", 3),
+        ("invalid_url", 4),
+        ("duplicate_custom_id", 5),
+    ]
+
+
+def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.batches.create(
+            input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    f = client.files.create(file=("a.jsonl", io.BytesIO(jsonl([chat_line("a")]))), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.batches.create(
+            input_file_id=f.id,
+            endpoint="/v1/audio",  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+    assert exc.value.param == "endpoint"
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.batches.create(
+            input_file_id=f.id,
+            endpoint="/v1/chat/completions",
+            completion_window="forever",  # type: ignore[arg-type]
+        )
+    assert exc.value.param == "completion_window"
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_nope")
+
+
+def test_a_line_the_engine_refuses_goes_to_the_error_file(client: openai.OpenAI) -> None:
+    rows = [chat_line("fine"), {**chat_line("unknown"), "body": {"model": "no-such-model",
+            "messages": [{"role": "user", "content": "x"}]}}]  # fmt: skip
+    done = wait(client, submit(client, rows).id)
+    assert done.status == "completed" and done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    [out] = lines_of(client, done.output_file_id)
+    [err] = lines_of(client, done.error_file_id)
+    assert out["custom_id"] == "fine"
+    assert err["custom_id"] == "unknown" and err["response"]["status_code"] == 404
+    assert err["response"]["body"]["error"]["code"] == "model_not_found"
+
+
+def test_cancel(client: openai.OpenAI) -> None:
+    rows = [chat_line(f"k{i}", max_tokens=400, ignore_eos=True) for i in range(60)]
+    batch = submit(client, rows)
+    cancelled = client.batches.cancel(batch.id)
+    assert cancelled.status in ("cancelling", "cancelled")
+    done = wait(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at is not None
+    assert done.request_counts is not None and done.request_counts.completed < 60
+    with pytest.raises(openai.APIStatusError) as exc:
+        client.batches.cancel(batch.id + "x")
+    assert exc.value.status_code == 404
+
+
+def test_the_completion_window_is_honoured(client: openai.OpenAI) -> None:
+    rows = [chat_line(f"x{i}", max_tokens=2000, ignore_eos=True) for i in range(40)]
+    batch = submit(client, rows, window="2s")
+    done = wait(client, batch.id)
+    assert done.status == "expired" and done.expired_at is not None
+    out = lines_of(client, done.output_file_id)
+    err = lines_of(client, done.error_file_id)
+    assert sorted(x["custom_id"] for x in out + err) == sorted(r["custom_id"] for r in rows)
+    expired = [x for x in err if x["error"] and x["error"]["code"] == "batch_expired"]
+    assert expired and all(x["response"] is None for x in expired)
+    assert done.request_counts is not None
+    assert done.request_counts.completed + done.request_counts.failed == 40
