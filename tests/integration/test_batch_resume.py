@@ -1,0 +1,72 @@
+"""A router killed with SIGKILL mid-batch, restarted on the same data directory, finishes the
+batch with every line answered exactly once, and re-runs none of those already answered."""
+
+from __future__ import annotations
+
+import io
+import re
+import signal
+import time
+from pathlib import Path
+
+import openai
+
+from tests.integration.test_batch_api import chat_line, jsonl, lines_of, wait
+from tests.procs import start_emulator
+from tests.router.harness import base_config, get, start_router, write_config
+
+LINES = 200
+WINDOW = 8
+
+
+def served(url: str) -> int:
+    """Requests the emulator finished (its E2E histogram's count)."""
+    text = get(url + "/metrics").text
+    return sum(
+        int(float(m))
+        for m in re.findall(r"^vllm:e2e_request_latency_seconds_count\S* (\S+)$", text, re.M)
+    )
+
+
+def test_sigkill_mid_batch_then_restart(tmp_path: Path) -> None:
+    with (
+        start_emulator("vllm", time_scale=50) as vllm,
+        start_emulator("deepinfer", time_scale=50) as deepinfer,
+    ):
+        doc = base_config([("vllm", "vllm", vllm.url), ("deepinfer", "deepinfer", deepinfer.url)])
+        doc["batch"] = {
+            "data_dir": str(tmp_path / "data"),
+            "max_concurrency": WINDOW,
+            "lease_seconds": 1.0,
+        }
+        config = write_config(tmp_path, doc)
+        rows = [chat_line(f"r{i}", max_tokens=150, ignore_eos=True) for i in range(LINES)]
+        with start_router(config) as first:
+            client = openai.OpenAI(base_url=first.url + "/v1", api_key="x", max_retries=0)
+            f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
+            batch = client.batches.create(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                counts = client.batches.retrieve(batch.id).request_counts
+                assert counts is not None
+                if counts.completed >= LINES // 5:
+                    break
+                time.sleep(0.05)
+            first.proc.send_signal(signal.SIGKILL)
+            first.proc.wait(10)
+        assert counts.completed < LINES, "the batch ended before the kill: make its lines longer"
+        with start_router(config) as second:
+            client = openai.OpenAI(base_url=second.url + "/v1", api_key="x", max_retries=0)
+            done = wait(client, batch.id, timeout=90)
+            assert done.status == "completed", done
+            assert done.request_counts is not None
+            assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
+            out = lines_of(client, done.output_file_id)
+        ids = [x["custom_id"] for x in out]
+        assert sorted(ids) == sorted(r["custom_id"] for r in rows)  # each exactly once
+        # Only the lines in flight at the kill ran twice (the engine may have finished them
+        # after the router was gone); none that had been answered.
+        total = served(vllm.url) + served(deepinfer.url)
+        assert LINES <= total <= LINES + WINDOW, total
