@@ -1,10 +1,11 @@
 """The emulator's HTTP surface, shaped like vLLM's OpenAI-compatible server.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
-``POST /tokenize``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Generation requests
-are validated, given a fault plan, turned into a :class:`~emulator.model.Sequence` and handed
-to the :class:`~emulator.driver.Driver`; the handler then writes one SSE event per chunk the
-engine emits. Every error is OpenAI's error JSON with vLLM's status.
+``POST /tokenize``, ``POST /detokenize``, ``GET /v1/models``, ``GET /health``,
+``GET /metrics``. Generation requests are validated, given a fault plan, turned into a
+:class:`~emulator.model.Sequence` and handed to the :class:`~emulator.driver.Driver`; the
+handler then writes one SSE event per chunk the engine emits. Every error is OpenAI's
+error JSON with vLLM's status.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from emulator.faults import HEADER, FaultPlan, injected_error, plan_for
 from emulator.metrics import EngineMetrics
 from emulator.model import Engine, Sequence
 from emulator.profiles import Profile
-from emulator.surface import embeddings_body, models_body, tokenize_body
+from emulator.surface import detokenize_body, embeddings_body, models_body, tokenize_body
 from emulator.text import natural_length, output_pieces, request_rng
 
 _DONE = b"data: [DONE]\n\n"
@@ -291,6 +292,12 @@ async def _tokenize(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
+async def _detokenize(request: web.Request) -> web.Response:
+    doc = parse_json(await request.read())
+    body = detokenize_body(doc, request.app[STATE].options.model)
+    return web.Response(body=body, content_type="application/json")
+
+
 async def _embeddings(request: web.Request) -> web.Response:
     state = request.app[STATE]
     doc = parse_json(await request.read())
@@ -328,6 +335,7 @@ def build_app(options: ServerOptions) -> web.Application:
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)

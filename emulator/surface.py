@@ -1,8 +1,16 @@
-"""Bodies of the emulator's non-generating endpoints: models, tokenize, embeddings."""
+"""Bodies of the emulator's non-generating endpoints: models, tokenize, detokenize, embeddings.
+
+The tokenizer follows the counting rule of common/tokens.py. Its ids: below ``_SPECIAL`` the
+chat template's markers; then every word and punctuation mark the emulator's output is drawn
+from, and the rest of ASCII punctuation, so its own output round-trips through
+``/detokenize``; any other token gets a stable id by hash, which ``/detokenize`` can only
+render as ``<unk>`` (there is no real vocabulary to spell it from).
+"""
 
 from __future__ import annotations
 
 import base64
+import string
 import struct
 import time
 import uuid
@@ -14,15 +22,23 @@ import orjson
 
 from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, message_text, text_tokens
 from emulator.api import ApiError, check_model
-from emulator.text import embedding
+from emulator.text import PUNCTUATION, WORDS, embedding
 
 _VOCAB = 100_000
 _SPECIAL = 3  # ids below this stand for template markers in chat prompts
+_KNOWN = (*WORDS, *PUNCTUATION, *(c for c in string.punctuation if c not in PUNCTUATION))
+_IDS = {t: _SPECIAL + i for i, t in enumerate(_KNOWN)}
+_HASHED = _SPECIAL + len(_KNOWN)  # the first id given by hash
+_UNKNOWN = "<unk>"
+_ATTACHED = frozenset(string.punctuation) - {"_"}  # written without a space before ("_" is \w)
 
 
 def _token_ids(text: str) -> list[int]:
     """Stable ids for the rule's tokens: not a real vocabulary, but stable for the same text."""
-    return [_SPECIAL + zlib.crc32(t.encode()) % (_VOCAB - _SPECIAL) for t in text_tokens(text)]
+    return [
+        _IDS.get(t) or _HASHED + zlib.crc32(t.encode()) % (_VOCAB - _HASHED)
+        for t in text_tokens(text)
+    ]
 
 
 def models_body(model: str, max_model_len: int, created: int) -> bytes:
@@ -69,6 +85,24 @@ def tokenize_body(doc: Mapping[str, Any], model: str, max_model_len: int) -> byt
     else:
         raise ApiError(400, "Send `prompt` (a string) or `messages` (a list).", "prompt")
     return orjson.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens})
+
+
+def detokenize_body(doc: Mapping[str, Any], model: str) -> bytes:
+    """``POST /detokenize``: ``{tokens}`` to ``{prompt}``; template markers render as nothing,
+    a word gets a space before it unless it starts the text, punctuation gets none."""
+    check_model(doc, model)
+    tokens = doc.get("tokens")
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        raise ApiError(400, "`tokens` must be a list of integers.", "tokens")
+    out: list[str] = []
+    for t in tokens:
+        if not 0 <= t < _VOCAB:
+            raise ApiError(400, f"Token id {t} is out of vocabulary (0..{_VOCAB - 1}).", "tokens")
+        if t < _SPECIAL:
+            continue
+        piece = _KNOWN[t - _SPECIAL] if t < _HASHED else _UNKNOWN
+        out.append(" " + piece if out and piece not in _ATTACHED else piece)
+    return orjson.dumps({"prompt": "".join(out)})
 
 
 def _inputs(value: object) -> list[tuple[bytes, int]]:

@@ -19,8 +19,10 @@ _VOCABULARY = (
     "request batch queue cache latency stream router policy prefill decode throughput tail "
     "load rank block"
 )
-_WORDS = tuple(_VOCABULARY.split())
-_PUNCT = (",", ".")
+WORDS = tuple(_VOCABULARY.split())
+"""The words output is drawn from."""
+PUNCTUATION = (",", ".")
+"""The punctuation marks output is drawn from."""
 
 
 def request_rng(seed: int, *parts: bytes) -> random.Random:
@@ -39,10 +41,10 @@ def output_pieces(rng: random.Random, n: int) -> list[str]:
     prev_punct = True
     for i in range(n):
         if not prev_punct and i > 0 and rng.random() < 0.12:
-            piece = _PUNCT[rng.random() < 0.6]
+            piece = PUNCTUATION[rng.random() < 0.6]
             prev_punct = True
         else:
-            word = _WORDS[rng.randrange(len(_WORDS))]
+            word = WORDS[rng.randrange(len(WORDS))]
             piece = word if i == 0 else " " + word
             prev_punct = False
         pieces.append(piece)

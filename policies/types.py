@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 RequestClass = Literal["interactive", "batch"]
-Endpoint = Literal["chat", "completions", "embeddings"]
+# tokenize and detokenize never reach a policy (router.proxy.utility); they name a lease's request.
+Endpoint = Literal["chat", "completions", "embeddings", "responses", "tokenize", "detokenize"]
 REQUEST_CLASSES: tuple[RequestClass, ...] = ("interactive", "batch")
 
 

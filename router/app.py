@@ -15,7 +15,7 @@ from aiohttp import web
 
 from policies.base import Policy
 from policies.registry import PolicyConfigError, build_policy
-from policies.types import REQUEST_CLASSES
+from policies.types import REQUEST_CLASSES, Endpoint
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
 from router.batch.service import BatchService
@@ -29,6 +29,7 @@ from router.proxy.connection import ConnectionPool
 from router.proxy.handler import handle
 from router.proxy.shadow import Shadows
 from router.proxy.state import RouterState
+from router.proxy.utility import forward
 from router.reload import Reloader
 from router.server.errors import SERVER, RouterError, error_response
 from router.server.site import GuardedSite, handler_options, single_headers
@@ -130,11 +131,24 @@ def _routes(app: web.Application, state: RouterState) -> None:
             state.gate.identify(request.headers)  # 401 for an unknown caller when keys are required
         except RouterError as exc:
             return error_response(exc)
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "switchyard"}
-            for m in state.pool.model_ids()
-        ]
-        return _json({"object": "list", "data": data})
+        return _json({"object": "list", "data": [_card(m) for m in state.pool.model_ids()]})
+
+    async def model(request: web.Request) -> web.Response:
+        try:
+            state.gate.identify(request.headers)
+        except RouterError as exc:
+            return error_response(exc)
+        name = request.match_info["model"]
+        if name not in state.pool.model_ids():
+            message = f"model '{name}' does not exist"
+            return error_response(RouterError(404, message, "model", "model_not_found"))
+        return _json(_card(name))
+
+    def utility(endpoint: Endpoint) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await forward(request, state, endpoint)
+
+        return handler
 
     async def health(_: web.Request) -> web.Response:
         return _json({"status": "ok", "pid": os.getpid()})
@@ -169,11 +183,19 @@ def _routes(app: web.Application, state: RouterState) -> None:
     r.add_post("/v1/completions", proxied("completions"))
     r.add_post("/v1/embeddings", proxied("embeddings"))
     r.add_get("/v1/models", models)
+    r.add_get("/v1/models/{model:.+}", model)  # ids may hold a slash (org/name)
+    r.add_post("/tokenize", utility("tokenize"))
+    r.add_post("/detokenize", utility("detokenize"))
     r.add_get("/health", health)
     r.add_get("/ready", ready)
     r.add_get("/metrics", metrics)
     r.add_get("/switchyard/backends", backends)
     r.add_get("/switchyard/policies", policies)
+
+
+def _card(model: str) -> dict[str, object]:
+    """One model as ``/v1/models`` lists it."""
+    return {"id": model, "object": "model", "created": 0, "owned_by": "switchyard"}
 
 
 def _json(doc: object) -> web.Response:

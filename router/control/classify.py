@@ -39,8 +39,8 @@ class Parsed:
     """The client itself asked for the usage chunk of a stream."""
 
 
-def parse_body(body: bytes, endpoint: Endpoint) -> dict[str, Any]:
-    """Decode and check the body's shape; raises :class:`RouterError` (400) when bad."""
+def parse_object(body: bytes) -> dict[str, Any]:
+    """Decode a body that must be one JSON object; raises :class:`RouterError` (400) if not."""
     if not body:
         raise RouterError(400, "request body is empty; expected a JSON object")
     try:
@@ -49,6 +49,12 @@ def parse_body(body: bytes, endpoint: Endpoint) -> dict[str, Any]:
         raise RouterError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise RouterError(400, "request body must be a JSON object")
+    return doc
+
+
+def parse_body(body: bytes, endpoint: Endpoint) -> dict[str, Any]:
+    """Decode and check the body's shape; raises :class:`RouterError` (400) when bad."""
+    doc = parse_object(body)
     model = doc.get("model")
     if model is None:
         raise RouterError(

@@ -23,7 +23,7 @@ from router.control.auth import Lease, Tenant
 from router.control.classify import Parsed, classify
 from router.proxy.body import OFFLOAD_BYTES, upstream_body
 from router.proxy.exchange import Exchange
-from router.proxy.relay import CLIENT_CLOSED, relay
+from router.proxy.relay import CLIENT_CLOSED, failed_answer, relay
 from router.proxy.state import RouterState
 from router.proxy.upstream import (
     Opened,
@@ -31,7 +31,6 @@ from router.proxy.upstream import (
     UpstreamFailed,
     UpstreamFault,
     open_upstream,
-    replacement_error,
 )
 from router.server.errors import RouterError, error_response
 from router.server.site import read_body
@@ -254,25 +253,13 @@ def _settlement(ex: Exchange, opened: Opened | None, charged: int) -> int:
 
 
 def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> web.Response:
-    """Every attempt failed: pass the last answer through if it is OpenAI error JSON (else an
-    OpenAI error with its status), or say 502/504."""
+    """Every attempt failed: record it and answer as :func:`failed_answer` says."""
     last = exc.last
     ex.end = time.monotonic()
-    if last.status is not None:
-        ex.status = last.status
-        ex.error = {"message": last.message, "code": "upstream_error"}
-        fault = replacement_error(last.status, last.body or b"", last.backend)
-        if fault is not None:
-            ex.protocol_error = fault.kind
-            return error_response(fault, extra)
-        return web.Response(
-            status=last.status,
-            body=last.body,
-            headers={**extra, "Content-Type": "application/json"},
-        )
-    status = 504 if last.timeout else 502
-    code = "upstream_timeout" if last.timeout else "upstream_unreachable"
-    err = RouterError(status, last.message, code=code)
-    ex.status = status
+    response, fault = failed_answer(last, extra)
+    ex.status = response.status
+    code = fault.code if fault is not None and last.status is None else "upstream_error"
     ex.error = {"message": last.message, "code": code}
-    return error_response(err, extra)
+    if fault is not None:
+        ex.protocol_error = fault.kind
+    return response

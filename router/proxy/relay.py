@@ -26,8 +26,14 @@ from multidict import CIMultiDict
 from common.sse import StreamMeter
 from router.proxy.body import OFFLOAD_BYTES
 from router.proxy.connection import BodyTooLarge, Connection, UpstreamError
-from router.proxy.upstream import Opened, UpstreamFault, downstream_headers, replacement_error
-from router.server.errors import sse_error_event
+from router.proxy.upstream import (
+    Failure,
+    Opened,
+    UpstreamFault,
+    downstream_headers,
+    replacement_error,
+)
+from router.server.errors import error_response, sse_error_event
 from router.server.site import flow_control
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
@@ -213,3 +219,28 @@ async def _whole(
     else:
         meter.feed_body(body, end)
     return Relayed(web.Response(status=head.status, body=body, headers=headers), head.status, end)
+
+
+def failed_answer(
+    last: Failure, extra: Mapping[str, str]
+) -> tuple[web.Response, UpstreamFault | None]:
+    """The client's answer when every attempt failed (``last`` the final one), and the error
+    it carries if the router made one.
+
+    The last backend's answer as is if it is OpenAI error JSON; else an OpenAI error with its
+    status (:func:`router.proxy.upstream.replacement_error`); 502 or 504 if none answered.
+    """
+    fault: UpstreamFault | None
+    if last.status is None:
+        timeout = last.timeout
+        fault = UpstreamFault(
+            504 if timeout else 502,
+            last.message,
+            code="upstream_timeout" if timeout else "upstream_unreachable",
+        )
+    else:
+        fault = replacement_error(last.status, last.body or b"", last.backend)
+        if fault is None:
+            headers = {**extra, "Content-Type": "application/json"}
+            return web.Response(status=last.status, body=last.body, headers=headers), None
+    return error_response(fault, dict(extra)), fault

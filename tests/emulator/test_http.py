@@ -197,6 +197,33 @@ def test_tokenize_health_and_metrics(vllm: Emulator) -> None:
         assert f'{name}{{model_name="{MODEL}"' in text or f"{name}{{le=" in text, name
 
 
+def test_detokenize_spells_back_its_own_output(vllm: Emulator) -> None:
+    text = client_for(vllm).completions.create(model=MODEL, prompt="go", max_tokens=30)
+    generated = text.choices[0].text
+    ids = orjson.loads(_raw_post(vllm, "/tokenize", {"prompt": generated}, "t"))["tokens"]
+    back = orjson.loads(_raw_post(vllm, "/detokenize", {"model": MODEL, "tokens": ids}, "d"))
+    assert back == {"prompt": generated}
+    # a word outside the emulator's vocabulary has a stable id it cannot spell back
+    odd = orjson.loads(_raw_post(vllm, "/tokenize", {"prompt": "the zebra, again"}, "t"))
+    assert odd["count"] == 4
+    back = orjson.loads(_raw_post(vllm, "/detokenize", {"tokens": odd["tokens"]}, "d"))
+    assert back["prompt"].startswith("the <unk>,")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"tokens": "1 2"}, "tokens"), ({"tokens": [1, 2.5]}, "tokens"), ({"tokens": [-1]}, "tokens"),
+     ({"tokens": [100_000]}, "tokens"), ({"model": "other", "tokens": [5]}, "model")],
+)  # fmt: skip
+def test_detokenize_refuses_what_is_not_a_token_list(
+    vllm: Emulator, body: dict[str, object], param: str
+) -> None:
+    with pytest.raises(urllib.error.HTTPError) as info:
+        _raw_post(vllm, "/detokenize", body, "d")
+    err = orjson.loads(info.value.read())["error"]
+    assert info.value.code in (400, 404) and err["param"] == param and err["message"]
+
+
 def test_priority_field_orders_waiting_requests() -> None:
     """One running slot; a later request with priority -1 overtakes earlier priority-5 ones."""
     args = ["--set", "ranks=1", "--set", "max_num_seqs=1", "--set", "scheduling_policy=priority"]

@@ -1,0 +1,111 @@
+"""vLLM's ``/tokenize`` and ``/detokenize``: forwarded to a backend that serves the model.
+
+These generate nothing, so they skip the request path's classification, policy, admission
+queue and bookkeeping: a policy must not learn from them, a tokenizer call must not sit among
+the latency figures, and a capture must not hold them (replay would send them again). What
+they keep: the caller's API key is checked, the body is size-bounded and must be a JSON object
+whose ``model`` (optional, as on vLLM) is one the router serves, the backend's answer is
+bounded and checked like any other (router.proxy.relay), and failover moves down the
+least-loaded healthy backends serving the model.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from common.sse import StreamMeter
+from policies.types import Endpoint, RequestInfo
+from router.backends.pool import BackendState
+from router.control.classify import parse_object
+from router.proxy.body import upstream_body
+from router.proxy.relay import failed_answer, relay
+from router.proxy.state import RouterState
+from router.proxy.upstream import Target, UpstreamFailed, open_upstream
+from router.server.errors import RouterError, error_response
+from router.server.site import read_body
+
+UTILITY_PATHS: dict[Endpoint, str] = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
+
+
+async def forward(
+    request: web.Request, state: RouterState, endpoint: Endpoint
+) -> web.StreamResponse:
+    """Answer one ``/tokenize`` or ``/detokenize`` request with a backend's answer."""
+    rid = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex}"
+    extra = {"X-Request-Id": rid}
+    try:
+        state.gate.identify(request.headers)
+        limits = state.config.listen
+        raw = await read_body(request, limits.max_body_bytes, state.config.limits)
+        doc = _parse(raw)
+        model = doc.get("model")
+        targets = [
+            Target(b, b.spec.url + UTILITY_PATHS[endpoint], _body(state, b, raw, doc, model))
+            for b in _backends(state, model)
+        ]
+        info = RequestInfo(rid, endpoint, model or "", "interactive", max_tokens=0)
+        opened = await open_upstream(
+            state.connections,
+            targets,
+            req=info,
+            headers=request.headers,
+            timeouts=state.config.timeouts_for("interactive"),
+            failover=state.config.failover,
+            on_failover=lambda _: None,
+        )
+    except RouterError as exc:
+        return error_response(exc, extra)
+    except UpstreamFailed as exc:
+        return failed_answer(exc.last, extra)[0]
+    extra["X-Switchyard-Backend"] = opened.target.backend.name
+    try:
+        relayed = await relay(
+            request,
+            opened,
+            extra,
+            StreamMeter(time.monotonic()),
+            idle=None,
+            max_body=state.config.limits.max_upstream_body_bytes,
+        )
+    except RouterError as exc:  # UpstreamFault: the answer must not reach the client as sent
+        return error_response(exc, extra)
+    finally:
+        state.connections.release(opened.conn)
+        opened.lease.release()
+    return relayed.response
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    doc = parse_object(raw)
+    model = doc.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise RouterError(400, "'model' must be a non-empty string", "model", "invalid_type")
+    return doc
+
+
+def _backends(state: RouterState, model: str | None) -> list[BackendState]:
+    """Healthy backends serving ``model`` (any model when None), least loaded first."""
+    pool = state.pool
+    if model is None:
+        backends = [b for b in pool.backends if b.healthy]
+    else:
+        if not pool.known_model(model):
+            raise RouterError(404, f"model '{model}' does not exist", "model", "model_not_found")
+        backends = [pool.by_name[c.name] for c in pool.candidates(model)]
+    if not backends:
+        raise RouterError(503, "no healthy backend serves this model", code="no_backend")
+    return sorted(backends, key=lambda b: b.inflight)
+
+
+def _body(
+    state: RouterState, backend: BackendState, raw: bytes, doc: dict[str, Any], model: str | None
+) -> bytes:
+    """The body as ``backend`` gets it: an alias renamed to the backend's own model name."""
+    if model is None:
+        return raw
+    upstream = state.pool.upstream_model(backend, model) or model
+    return upstream_body(raw, doc, model=upstream, priority=None, add_usage=False)
