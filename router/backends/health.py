@@ -90,7 +90,11 @@ class HealthMonitor:
         timeout = aiohttp.ClientTimeout(total=self._settings.timeout)
         try:
             async with self._session.get(
-                backend.spec.url + path, headers=headers, timeout=timeout
+                backend.spec.url + path,
+                headers=headers,
+                timeout=timeout,
+                ssl=backend.ssl,
+                server_hostname=backend.server_name,
             ) as resp:
                 if resp.status != 200:
                     return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -17,6 +18,7 @@ from dataclasses import replace
 from policies.registry import BackendInfo
 from policies.types import Candidate, EngineLoad, RequestInfo
 from router.backends.breaker import Breaker
+from router.config.backends import ClientTls, client_tls
 from router.config.model import BackendSpec, HealthSettings
 
 Clock = Callable[[], float]
@@ -38,6 +40,8 @@ class BackendState:
         self._health = health
         self._clock = clock
         self.api_key: str | None = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+        self.tls: ClientTls | None = client_tls(spec)
+        """Every client of this backend talks TLS with this (None: plain HTTP)."""
         self.inflight = 0
         self.outstanding_prompt = 0
         self.outstanding_output = 0
@@ -55,6 +59,16 @@ class BackendState:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def ssl(self) -> ssl.SSLContext | bool:
+        """aiohttp's ``ssl`` argument for this backend (True: its default, unused for http)."""
+        return self.tls.context if self.tls is not None else True
+
+    @property
+    def server_name(self) -> str | None:
+        """aiohttp's ``server_hostname`` argument: the configured TLS server name, if any."""
+        return self.tls.server_name if self.tls is not None else None
 
     @property
     def healthy(self) -> bool:

@@ -47,6 +47,21 @@ class EmulatorSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamTls:
+    """How the router talks TLS to one ``https`` backend (files are PEM, read when it is added)."""
+
+    ca_file: str | None = None
+    """CA bundle that verifies the backend's certificate; None: the system's trust store."""
+    cert_file: str | None = None
+    """Client certificate (chain) for mutual TLS; given together with ``key_file``."""
+    key_file: str | None = None
+    server_name: str | None = None
+    """Name sent as SNI and checked against the certificate; None: the URL's host."""
+    verify: bool = True
+    """False: accept any certificate (test setups only; the traffic is then unauthenticated)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BackendSpec:
     name: str
     engine: str
@@ -62,6 +77,8 @@ class BackendSpec:
     forward_headers: tuple[str, ...] = ()
     """Client headers (lower case) passed to this backend besides the standard ones (content
     negotiation, trace context, User-Agent; see router.proxy.upstream)."""
+    tls: UpstreamTls | None = None
+    """TLS settings of an ``https`` backend; None: verify against the system's trust store."""
 
 
 @dataclass(frozen=True, slots=True)

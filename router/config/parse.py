@@ -12,28 +12,25 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import yaml
 
-from common.schema import Errors, Reader, join, unknown
+from common.schema import Errors, Reader, unknown
 from policies.types import REQUEST_CLASSES
+from router.config.backends import read_backends
 from router.config.model import (
     DEFAULT_CAPTURE_HEADERS,
     ENDPOINTS,
     REDACTIONS,
-    ROUTER_HEADERS,
     AdmissionSettings,
     AnonymousLimits,
     ApiKeySpec,
-    BackendSpec,
     BatchSettings,
     CaptureSettings,
     ClassAdmission,
     ClassificationSettings,
     ClassTimeouts,
     ConfigError,
-    EmulatorSpec,
     FailoverSettings,
     HealthSettings,
     LimitSettings,
@@ -77,7 +74,7 @@ def parse_document(doc: object, errors: Errors) -> RouterConfig:
     nothing twice; backends stay (with fallbacks) since policies refer to them by name.
     """
     top = Reader.of(doc, "", errors)
-    backends = _backends(top)
+    backends = read_backends(top)
     policies, policy_names = _policies(top)
     default_policy = top.string("default_policy", "", required=True)
     if default_policy and policy_names and default_policy not in policy_names:
@@ -154,74 +151,6 @@ def _listen(m: Reader) -> ListenSettings:
         host=m.string("host", d.host),
         port=m.integer("port", d.port, high=65535),
         max_body_bytes=m.integer("max_body_bytes", d.max_body_bytes, low=1),
-    )
-    m.done()
-    return out
-
-
-def _backends(top: Reader) -> tuple[BackendSpec, ...]:
-    out: list[BackendSpec] = []
-    seen: set[str] = set()
-    for path, item in top.entries("backends", required=True, non_empty=True):
-        m = Reader.of(item, path, top.errors, required=True)
-        name = m.string("name", "", required=True)
-        if name in seen:
-            m.error("name", f"duplicate backend name {name!r}")
-        seen.add(name)
-        url = m.string("url", "")
-        emulator = _emulator(m.child("emulator")) if m.raw_value("emulator") is not None else None
-        if url and emulator is not None:
-            m.error(None, "give either url or emulator, not both")
-        elif emulator is None and not m.has("url") and m.raw:
-            m.error("url", "is required (or give emulator)")
-        elif url and not _http_url(url):
-            m.error("url", "expected an http(s) URL with a host")
-        out.append(
-            BackendSpec(
-                name=name,
-                engine=m.string("engine", "", required=True),
-                url=url.rstrip("/"),
-                models=tuple(m.string_list("models") or ()),
-                api_key_env=m.string("api_key_env"),
-                max_inflight=m.integer("max_inflight", None, low=1),
-                priority_capable=m.flag("priority_capable", False),
-                emulator=emulator,
-                forward_headers=_forward_headers(m),
-            )
-        )
-        m.done()
-    return tuple(out)
-
-
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header name (RFC 9110 5.1)
-
-
-def _forward_headers(m: Reader) -> tuple[str, ...]:
-    out = []
-    for i, name in enumerate(m.string_list("forward_headers") or ()):
-        if not _TOKEN.fullmatch(name):
-            m.error(join("forward_headers", i), "expected a header name")
-        elif name.lower() in ROUTER_HEADERS:
-            m.error(join("forward_headers", i), "a header the router sets or drops itself")
-        else:
-            out.append(name.lower())
-    return tuple(out)
-
-
-def _http_url(url: str) -> bool:
-    try:  # urlsplit and .port raise ValueError for a bracketed host or a port out of range
-        parts = urlsplit(url)
-        return parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-    except ValueError:
-        return False
-
-
-def _emulator(m: Reader) -> EmulatorSpec:
-    out = EmulatorSpec(
-        profile=m.string("profile", "", required=True),
-        time_scale=m.number("time_scale", 1.0, low=1e-6),
-        seed=m.integer("seed", 0, low=None),
-        model=m.string("model"),
     )
     m.done()
     return out

@@ -31,6 +31,8 @@ import httptools
 from multidict import CIMultiDict
 from yarl import URL
 
+from router.config.backends import ClientTls
+
 Sink = Callable[[bytes], None]
 MAX_HEAD_BYTES = 64 * 1024
 """The most header bytes a backend's response may carry (aiohttp's client allows 8 KiB a line)."""
@@ -98,8 +100,9 @@ class ResponseHead:
 class Connection(asyncio.Protocol):
     """One keep-alive connection to a backend; see the module docstring for the protocol."""
 
-    def __init__(self, origin: Origin) -> None:
+    def __init__(self, origin: Origin, tls: ClientTls | None) -> None:
         self.origin = origin
+        self.tls = tls
         self.idle_since = 0.0
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -254,7 +257,7 @@ class Connection(asyncio.Protocol):
             self._deadline.cancel()
             self._deadline = None
         if not self._complete:
-            reason = exc.__class__.__name__ if exc is not None else "closed"
+            reason = _reason(exc) if exc is not None else "closed"
             self._fail(UpstreamError(f"backend closed the connection ({reason})"))
         self._transport = None
 
@@ -342,14 +345,21 @@ class ConnectionPool:
     """Idle keep-alive connections per backend origin; one exchange per connection."""
 
     def __init__(self, idle_seconds: float = IDLE_SECONDS) -> None:
-        self._idle: dict[Origin, deque[Connection]] = {}
+        # Keyed by TLS settings too: a backend must never get a connection another backend
+        # on the same address opened with other certificates.
+        self._idle: dict[tuple[Origin, ClientTls | None], deque[Connection]] = {}
         self._idle_seconds = idle_seconds
         self._tls: ssl.SSLContext | None = None
         self._closed = False
 
-    async def acquire(self, origin: Origin, connect_timeout: float | None) -> Connection:
-        """An idle connection to ``origin``, else a new one (raises :class:`UpstreamError`)."""
-        idle = self._idle.get(origin)
+    async def acquire(
+        self, origin: Origin, connect_timeout: float | None, tls: ClientTls | None = None
+    ) -> Connection:
+        """An idle connection to ``origin``, else a new one (raises :class:`UpstreamError`).
+
+        ``tls``: the backend's TLS client side (an ``https`` origin without it verifies
+        against the system's trust store)."""
+        idle = self._idle.get((origin, tls))
         if idle:
             oldest_ok = time.monotonic() - self._idle_seconds
             while idle:
@@ -357,7 +367,7 @@ class ConnectionPool:
                 if conn.reusable and conn.idle_since >= oldest_ok:
                     return conn
                 conn.abort()
-        return await self._connect(origin, connect_timeout)
+        return await self._connect(origin, connect_timeout, tls)
 
     async def request(
         self,
@@ -367,6 +377,7 @@ class ConnectionPool:
         *,
         connect_timeout: float | None,
         deadline: float | None,
+        tls: ClientTls | None = None,
     ) -> tuple[Connection, ResponseHead]:
         """Send one request and wait for the response's head; the caller then owns ``conn``.
 
@@ -375,7 +386,7 @@ class ConnectionPool:
         more on a new connection rather than counted against the backend. On any failure
         (or cancellation) the connection is dropped.
         """
-        conn = await self.acquire(origin, connect_timeout)
+        conn = await self.acquire(origin, connect_timeout, tls)
         try:
             conn.send(head, body, deadline=deadline)
             try:
@@ -384,7 +395,7 @@ class ConnectionPool:
                 if isinstance(exc, UpstreamTimeout) or conn.exchanges == 1 or conn.answered:
                     raise
             conn.abort()
-            conn = await self._connect(origin, connect_timeout)
+            conn = await self._connect(origin, connect_timeout, tls)
             conn.send(head, body, deadline=deadline)
             return conn, await conn.head()
         except BaseException:
@@ -397,7 +408,7 @@ class ConnectionPool:
             conn.abort()
             return
         conn.idle_since = time.monotonic()
-        self._idle.setdefault(conn.origin, deque()).append(conn)
+        self._idle.setdefault((conn.origin, conn.tls), deque()).append(conn)
 
     def close(self) -> None:
         """Close every idle connection (connections in use close on release)."""
@@ -407,21 +418,36 @@ class ConnectionPool:
                 conn.abort()
         self._idle.clear()
 
-    async def _connect(self, origin: Origin, timeout: float | None) -> Connection:
+    async def _connect(
+        self, origin: Origin, timeout: float | None, tls: ClientTls | None
+    ) -> Connection:
         loop = asyncio.get_running_loop()
-        tls = None
+        context = None
         if origin.scheme == "https":
-            if self._tls is None:
+            if tls is None and self._tls is None:
                 self._tls = ssl.create_default_context()
-            tls = self._tls
+            context = tls.context if tls is not None else self._tls
+        server_name = tls.server_name if tls is not None and tls.server_name else None
         try:
             async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(
-                    lambda: Connection(origin), origin.host, origin.port, ssl=tls
+                    lambda: Connection(origin, tls),
+                    origin.host,
+                    origin.port,
+                    ssl=context,
+                    server_hostname=server_name if context is not None else None,
                 )
         except TimeoutError:  # ours, or the kernel's own (ETIMEDOUT) when timeout is None
             after = f" after {timeout:g} s" if timeout is not None else ""
             raise UpstreamTimeout(f"connect timed out{after}") from None
         except OSError as exc:
-            raise UpstreamError(f"connect failed ({exc.__class__.__name__})") from None
+            raise UpstreamError(f"connect failed ({_reason(exc)})") from None
         return conn
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in a word: the exception's class, or for TLS OpenSSL's reason code
+    (``CERTIFICATE_VERIFY_FAILED``), which names no host, certificate or key."""
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc.__class__.__name__}"
+    return exc.__class__.__name__

@@ -130,7 +130,14 @@ class Shadows:
             headers["Authorization"] = f"Bearer {backend.api_key}"
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+            async with session.post(
+                url,
+                data=body,
+                headers=headers,
+                timeout=timeout,
+                ssl=backend.ssl,
+                server_hostname=backend.server_name,
+            ) as resp:
                 status = resp.status
                 if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                     while meter.failure is None and (data := await resp.content.readany()):

@@ -347,6 +347,7 @@ async def _attempt(
                 target.body,
                 connect_timeout=timeouts.connect,
                 deadline=timeouts.deadline(req.stream),
+                tls=backend.tls,
             )
     except (TimeoutError, UpstreamError) as exc:
         lease.release()
