@@ -127,7 +127,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=False)
 
 
-def _identity(doc: dict[str, object]) -> bytes:
+def request_identity(doc: dict[str, object]) -> bytes:
     """The bytes that seed a request's output: its JSON, keys sorted, without
     ``stream_options`` (asking for usage must not change the text, as on a real engine)."""
     return orjson.dumps(
@@ -151,7 +151,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     limit = opts.profile.faults.max_waiting
     if limit is not None and engine.num_waiting >= limit:
         raise ApiError(503, f"Engine overloaded: {engine.num_waiting} requests already waiting.")
-    rng = request_rng(opts.seed, _identity(doc))
+    rng = request_rng(opts.seed, request_identity(doc))
     length = cap if gen.ignore_eos else natural_length(rng, opts.profile.natural_output_tokens)
     length = max(min(length, cap), gen.min_tokens, 1)
     finish = "length" if length >= cap else "stop"

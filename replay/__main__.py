@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Replay a capture or a public trace against an OpenAI-compatible target.",
         epilog=(
             "Also: replay convert FILE -o CAPTURE [--format F] (any trace -> capture.jsonl); "
-            "replay merge RESULTS... [--out report.json] (one report from shards' results)"
+            "replay merge RESULTS... [--out report.json] (one report from shards' results); "
+            "replay simulate FILE [--config C] [--policy P]... [--set KEY=V1,V2] (virtual time)"
         ),
     )
     p.add_argument("file", help="capture, Mooncake, Azure, BurstGPT or OpenAI Batch file")
@@ -154,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         return _convert(args_in[1:])
     if args_in[:1] == ["merge"]:
         return merge_main(args_in[1:])
+    if args_in[:1] == ["simulate"]:
+        # imported here: the simulator brings the router, policies and engine models along
+        from replay.simulate.cli import main as simulate_main
+
+        return simulate_main(args_in[1:])
     parser = _parser()
     a = parser.parse_args(args_in)
     if a.shadow_results and not a.shadow_target:

@@ -147,6 +147,7 @@ for (const group of groups) {
 }
 document.body.dataset.rendered = String(document.querySelectorAll("svg g.curve").length);
 </script>
+__EXTRA__
 </body></html>
 """
 
@@ -176,12 +177,20 @@ def _json(doc: object) -> str:
     return orjson.dumps(doc).decode().replace("</", "<\\/")
 
 
-def render_html(report: Mapping[str, Any], samples: Samples) -> str:
-    """The whole page as one string."""
+def render_html(report: Mapping[str, Any], samples: Samples, *, extra: str = "") -> str:
+    """The whole page as one string; ``extra`` is more of the page (trusted markup) after
+    the plots, whose scripts may read ``report``."""
     summary = (
         f"{html.escape(str(report['file']))} ({html.escape(str(report['format']))}) "
         f"against {html.escape(str(report['target']))}, {html.escape(str(report['mode']))} mode"
     )
-    values = {"SUMMARY": summary, "REPORT": _json(report), "SAMPLES": _json(samples)}
+    if report.get("simulated"):
+        summary = "Simulated in virtual time: " + summary
+    values = {
+        "SUMMARY": summary,
+        "REPORT": _json(report),
+        "SAMPLES": _json(samples),
+        "EXTRA": extra,
+    }
     # one pass, so a marker inside the inserted data is never substituted again
-    return re.sub(r"__(SUMMARY|REPORT|SAMPLES)__", lambda m: values[m.group(1)], _PAGE)
+    return re.sub(r"__(SUMMARY|REPORT|SAMPLES|EXTRA)__", lambda m: values[m.group(1)], _PAGE)

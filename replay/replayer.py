@@ -86,7 +86,7 @@ def _end(sent_at: float, r: Result) -> float:
     return sent_at + (r.e2e or 0.0)
 
 
-def _result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
+def result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
     rec = item.record
     return dump_line(
         CaptureRecord(
@@ -225,10 +225,10 @@ class Replayer:
                 )
                 report.add_shadow(r, s, deterministic=det, end=_end(sent_at, s))
                 if shadow_results is not None:
-                    shadow_results.write(_result_line(item, s, sent_at))
+                    shadow_results.write(result_line(item, s, sent_at))
             report.add(r, end=_end(sent_at, r))
             if results is not None:
-                results.write(_result_line(item, r, sent_at))
+                results.write(result_line(item, r, sent_at))
 
         runner = Runner(prepare, send, clock=self.clock)
         progress_task = None

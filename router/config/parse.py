@@ -42,13 +42,22 @@ from router.config.model import (
     ShutdownSettings,
 )
 
-__all__ = ["load_config", "parse_config", "read_config"]
+__all__ = ["load_config", "load_document", "parse_config", "read_config"]
 
 
 def load_config(path: str | Path) -> RouterConfig:
     """Read and validate a YAML file; raises :class:`ConfigError` with every problem."""
     errors: Errors = []
     return _valid(read_config(path, errors), errors)
+
+
+def load_document(path: str | Path) -> object:
+    """The file's YAML document, unvalidated (to change keys before :func:`parse_config`)."""
+    errors: Errors = []
+    doc = _document(Path(path), errors)
+    if errors:
+        raise ConfigError(errors)
+    return doc
 
 
 def parse_config(doc: object) -> RouterConfig:

@@ -148,7 +148,7 @@ def classify(
         session_key=session_key,
         prefix_hash=zlib.crc32(text[:_PREFIX_CHARS].encode()) if text else None,
     )
-    cls = _choose_class(info, doc, header_class, key_class, settings)
+    cls = choose_class(info, doc, header_class, key_class, settings)
     opts = doc.get("stream_options") or {}
     return Parsed(
         info=replace(info, request_class=cls),
@@ -157,13 +157,14 @@ def classify(
     )
 
 
-def _choose_class(
+def choose_class(
     info: RequestInfo,
     doc: Mapping[str, Any],
     header_class: str | None,
     key_class: RequestClass | None,
     settings: ClassificationSettings,
 ) -> RequestClass:
+    """The class of ``info``: header, API key, ``service_tier``, rules, then the default."""
     if header_class is not None and settings.honor_header:
         value = header_class.strip().lower()
         for c in REQUEST_CLASSES:

@@ -1,0 +1,224 @@
+"""``replay simulate FILE --config router.yaml --policy A --policy B [--set KEY=V1,V2]...``.
+
+Reads what ``replay`` reads, with the same schedule options, and writes the same outputs
+(terminal tables, ``--out`` report JSON, ``--results`` lines, ``--html``), marked as simulated.
+Each policy runs once per grid point of the ``--set`` options, each run on fresh engines.
+``--shard I/N`` simulates the I-th of N equal time windows of the schedule (times stay on the
+whole schedule's base, so ``replay merge`` joins the shards' results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from replay.__main__ import _positive, _shard, _window
+from replay.client import Result
+from replay.html import collect_samples, render_html
+from replay.plan import Plan, Planned, PlanOptions, dry_run
+from replay.replayer import dumps_report, result_line
+from replay.report import RunReport, render_tables
+from replay.simulate.loop import Simulation
+from replay.simulate.pareto import pareto_points, render_pareto
+from replay.simulate.sweep import Setting, apply, grid, label, parse_set
+from replay.simulate.world import World
+from replay.sources import FORMATS, Item, Source, SourceError
+from router.cli import default_config_path
+from router.config.model import ConfigError, RouterConfig
+from router.config.parse import load_document, parse_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="replay simulate",
+        description="Replay a trace through the router's policies and engine models in "
+        "virtual time (no sockets, no sleeping); the same report as replay, marked simulated.",
+    )
+    p.add_argument("file", help="capture, Mooncake, Azure, BurstGPT or OpenAI Batch file")
+    p.add_argument("--config", help="router config (default: the embedded default)")
+    p.add_argument("--policy", action="append", dest="policies", metavar="NAME")
+    p.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="BACKEND=PROFILE",
+        help="engine profile for a backend without an emulator (or to replace its own)",
+    )
+    p.add_argument(
+        "--set", action="append", default=[], dest="sets", metavar="KEY=V1,V2", help="sweep"
+    )
+    p.add_argument("--format", choices=FORMATS)
+    p.add_argument("--speed", type=_positive(float), default=1.0)
+    p.add_argument("--rate", type=_positive(float), help="requests/s for files without times")
+    p.add_argument("--max-requests", type=_positive(int), metavar="N")
+    p.add_argument("--max-gap", type=_positive(float), metavar="SECONDS")
+    p.add_argument("--window", type=_window, metavar="START:END")
+    p.add_argument("--shard", type=_shard, metavar="I/N", help="the I-th of N time windows")
+    p.add_argument("--out", metavar="report.json")
+    p.add_argument("--results", metavar="results.jsonl")
+    p.add_argument("--html", metavar="report.html")
+    return p
+
+
+def _profiles(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        backend, sep, profile = pair.partition("=")
+        if not sep or not backend or not profile:
+            raise ValueError(f"--profile expects BACKEND=PROFILE (got {pair!r})")
+        out[backend] = profile
+    return out
+
+
+def _window_of(items: Iterator[Planned], lo: float, hi: float | None) -> Iterator[Planned]:
+    for p in items:
+        if p.at >= lo and (hi is None or p.at < hi):
+            yield p
+
+
+class Simulator:
+    """Every (setting, policy) run over one file; collects reports and writes results."""
+
+    def __init__(self, a: argparse.Namespace, doc: object, config: RouterConfig) -> None:
+        self.a = a
+        self.doc = doc
+        self.base = config
+        self.profiles = _profiles(a.profile)
+        self.plan = PlanOptions(
+            speed=a.speed,
+            max_gap=a.max_gap,
+            window=a.window,
+            max_requests=a.max_requests,
+            rate=a.rate,
+        )
+        self.format: str | None = a.format
+        self.runs: list[RunReport] = []
+        self.meta: list[dict[str, Any]] = []
+        self.lo, self.hi = 0.0, None
+        self.skipped: list[str] = []
+
+    def _source(self, model: str) -> Source:
+        src = Source(self.a.file, self.a.format, model=model)
+        self.format = src.format
+        return src
+
+    def shard_bounds(self, model: str) -> None:
+        """The shard's time window over the schedule's whole span."""
+        if self.a.shard is None:
+            return
+        i, n = self.a.shard
+        span = dry_run(Plan(self._source(model), self.plan)).duration
+        width = span / n
+        self.lo = i * width
+        self.hi = None if i == n - 1 else (i + 1) * width
+
+    def run_all(self, results: IO[bytes] | None) -> None:
+        sweeps = [parse_set(s) for s in self.a.sets]
+        for setting in grid(sweeps):
+            config = parse_config(apply(self.doc, setting)) if setting else self.base
+            for policy in self.a.policies or [config.default_policy]:
+                self.run_one(config, policy, setting, results)
+
+    def run_one(
+        self, config: RouterConfig, policy: str, setting: Setting, results: IO[bytes] | None
+    ) -> None:
+        world = World(config, self.profiles)
+        if policy not in world.policies:
+            known = ", ".join(world.policies)
+            raise ValueError(f"unknown policy {policy!r} (known: {known})")
+        if self.a.shard is not None and not self.runs:
+            self.shard_bounds(world.model())
+        name = label(policy, setting)
+        report = RunReport(name)
+        lo = self.lo
+
+        def on_result(item: Item, r: Result, sent: float) -> None:
+            report.add(r, end=sent - lo + (r.e2e or 0.0))
+            if results is not None:
+                results.write(result_line(item, r, sent))
+
+        source = self._source(world.model())
+        plan = _window_of(iter(Plan(source, self.plan)), self.lo, self.hi)
+        sim = Simulation(world, world.policies[policy], name, on_result)
+        cpu, wall = time.process_time(), time.perf_counter()
+        end = sim.run(plan, start=self.lo)
+        self.runs.append(report)
+        self.meta.append(
+            {
+                "setting": {k: v for k, v in setting},
+                "virtual_seconds": round(end - self.lo, 3),
+                "cpu_seconds": round(time.process_time() - cpu, 3),
+                "wall_seconds": round(time.perf_counter() - wall, 3),
+                "events": sim.events,
+            }
+        )
+        if len(self.runs) == 1:
+            self.skipped = source.errors + (
+                [f"{source.skipped} rows in all"] if source.skipped > len(source.errors) else []
+            )
+
+    def report(self) -> dict[str, Any]:
+        a = self.a
+        runs = []
+        for run, meta in zip(self.runs, self.meta, strict=True):
+            runs.append({**run.to_dict(), "simulation": meta})
+        out: dict[str, Any] = {
+            "file": a.file,
+            "format": self.format,
+            "target": f"simulated, {a.config or 'embedded default'}",
+            "mode": "timed",
+            "speed": a.speed,
+            "concurrency": None,
+            "simulated": True,
+            "config": a.config,
+            "shard": list(a.shard) if a.shard else None,
+            "window_s": [self.lo, self.hi] if a.shard else None,
+            "sweep": [parse_set(s).key for s in a.sets],
+            "runs": runs,
+        }
+        if a.sets:
+            out["pareto"] = pareto_points(runs)
+        return out
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``replay simulate``."""
+    a = _parser().parse_args(argv)
+    try:
+        path = a.config or str(default_config_path())
+        doc = load_document(path)
+        sim = Simulator(a, doc, parse_config(doc))
+        for p in (a.out, a.results, a.html):
+            if p:
+                Path(p).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as files:
+            results = files.enter_context(open(a.results, "wb")) if a.results else None
+            sim.run_all(results)
+    except ConfigError as e:
+        print(f"replay simulate: {a.config or 'config'}:\n{e}", file=sys.stderr)
+        return 2
+    except (SourceError, OSError, ValueError) as e:
+        print(f"replay simulate: {e}", file=sys.stderr)
+        return 2
+    for err in sim.skipped:
+        print(f"replay simulate: skipped {err}", file=sys.stderr)
+    report = sim.report()
+    print(render_tables(report))
+    for run in report["runs"]:
+        m = run["simulation"]
+        speedup = m["virtual_seconds"] / max(m["cpu_seconds"], 1e-9)
+        print(
+            f"simulated {run['policy']}: {m['virtual_seconds']:.1f} s of traffic in "
+            f"{m['cpu_seconds']:.2f} s CPU ({speedup:,.0f}x real time, {m['events']} events)"
+        )
+    if a.out:
+        Path(a.out).write_bytes(dumps_report(report))
+    if a.html:
+        page = render_html(report, collect_samples(sim.runs), extra=render_pareto(report))
+        Path(a.html).write_text(page, encoding="utf-8")
+    return 0

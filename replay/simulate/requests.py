@@ -1,0 +1,151 @@
+"""A trace row as the router and an engine would take it: the policy's ``RequestInfo`` and the
+engine's generation request, without sending a byte.
+
+Rows whose prompt is to be synthesized (imported traces, ``drop``-redacted captures) are not
+written out as text: the live replayer sizes such a prompt to the recorded token count under
+the documented rule, which both the router and the emulator count by, so the count is used
+as is. Their prefix hash stands for the synthesized text's leading block (equal leading
+Mooncake ``hash_ids`` give equal prefixes, any other prompt a prefix of its own), which is
+all a policy compares. Rows with real prompts go through the router's own classifier and the
+emulator's own validation.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from emulator.api import ApiError, Generation, check_context, parse_generation
+from emulator.profiles import Profile
+from emulator.rank import Sequence
+from emulator.server import request_identity
+from emulator.text import natural_length, request_rng
+from policies.types import Endpoint, RequestInfo
+from replay.client import encode_body, request_class
+from replay.sources import Item
+from router.config.model import ClassificationSettings
+from router.control.classify import choose_class, classify
+from router.server.errors import RouterError
+
+ENDPOINTS: Mapping[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+}
+
+
+class Refused(Exception):
+    """The request is answered with an error before or by an engine (status, message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One row as the router understands it."""
+
+    item: Item
+    info: RequestInfo
+    doc: Mapping[str, Any] | None
+    """The body with its prompt (None when the prompt is synthesized)."""
+    label: str
+    """The class label the report files it under before the router answers."""
+
+
+def understand(
+    item: Item, model: str, settings: ClassificationSettings, *, turn_tokens: int = 0
+) -> Routed:
+    """What the router's classifier makes of ``item``; raises :class:`Refused` (400/404).
+
+    ``turn_tokens`` adds the earlier turns of a session to a synthesized prompt.
+    """
+    rec = item.record
+    endpoint = ENDPOINTS.get(rec.url)
+    if endpoint is None:
+        raise Refused(404, f"{rec.url} is not simulated (chat and completions are)")
+    header = rec.headers.get("x-request-class")
+    session = rec.headers.get("x-session-id")
+    if item.synth is None:
+        try:
+            parsed = classify(
+                encode_body(rec.body),
+                endpoint,
+                request_id=rec.custom_id,
+                header_class=header,
+                key_class=None,
+                session_key=session,
+                settings=settings,
+            )
+        except RouterError as e:
+            raise Refused(e.status, e.message) from None
+        return Routed(item, parsed.info, parsed.doc, request_class(rec))
+    body = rec.body
+    budget = body.get("max_completion_tokens", body.get("max_tokens"))
+    lead = item.synth.hash_ids[0] if item.synth.hash_ids else rec.custom_id
+    info = RequestInfo(
+        request_id=rec.custom_id,
+        endpoint=endpoint,
+        model=str(body.get("model") or model),
+        request_class="interactive",
+        stream=bool(body.get("stream", False)),
+        prompt_tokens=item.synth.prompt_tokens + turn_tokens,
+        max_tokens=budget if isinstance(budget, int) else None,
+        session_key=session,
+        prefix_hash=zlib.crc32(f"block-{lead}".encode()),
+    )
+    try:
+        cls = choose_class(info, body, header, None, settings)
+    except RouterError as e:
+        raise Refused(e.status, e.message) from None
+    return Routed(item, replace(info, request_class=cls), None, request_class(rec))
+
+
+def engine_sequence(
+    routed: Routed,
+    profile: Profile,
+    served: str,
+    seed: int,
+    capacity: int,
+    priority: int | None,
+) -> tuple[Sequence, str]:
+    """The sequence the emulator would schedule for ``routed`` and its finish reason.
+
+    Validation, the output length (forced, or the emulator's natural length seeded by the
+    request) and the KV-capacity check are the emulator server's; raises :class:`Refused`.
+    """
+    info = routed.info
+    try:
+        if routed.doc is not None:
+            doc = dict(routed.doc)
+            doc["model"] = served
+            if priority is not None:
+                doc["priority"] = priority
+            gen = parse_generation(doc, chat=info.endpoint == "chat", served=served)
+            rng = request_rng(seed, request_identity(doc))
+        else:
+            body = routed.item.record.body
+            gen = Generation(
+                chat=True,
+                model=served,
+                prompt_tokens=info.prompt_tokens,
+                max_tokens=info.max_tokens,
+                min_tokens=int(body.get("min_tokens") or 0),
+                ignore_eos=bool(body.get("ignore_eos")),
+                stream=info.stream,
+                include_usage=True,
+                priority=priority or 0,
+            )
+            rng = request_rng(seed, info.request_id.encode())
+        cap = check_context(gen.prompt_tokens, gen.max_tokens, profile.max_model_len)
+    except ApiError as e:
+        raise Refused(e.status, e.message) from None
+    length = cap if gen.ignore_eos else natural_length(rng, profile.natural_output_tokens)
+    length = max(min(length, cap), gen.min_tokens, 1)
+    if gen.prompt_tokens + length > capacity:
+        raise Refused(400, f"needs {gen.prompt_tokens + length} tokens of KV cache")
+    seq = Sequence(gen.prompt_tokens, length, gen.priority, rng=random.Random(rng.getrandbits(64)))
+    return seq, "length" if length >= cap else "stop"

@@ -1,0 +1,187 @@
+"""``replay simulate`` in virtual time: its clock, its accounting and what policies see."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from policies.registry import BackendInfo
+from policies.types import Candidate, Decision, Outcome, RequestInfo
+from replay.client import Result
+from replay.plan import Plan, PlanOptions
+from replay.simulate.cli import main
+from replay.simulate.loop import Simulation
+from replay.simulate.world import World
+from replay.sources import Item, Source
+from router.cli import default_config_path
+from router.config.parse import load_document, parse_config
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+
+
+@dataclass
+class Seen:
+    """One ``choose`` call: the virtual time and the snapshots offered."""
+
+    now: float
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass
+class Recorder:
+    """A least-in-flight policy that remembers every snapshot it was given."""
+
+    name: str
+    type: str = "recorder"
+    clock: Callable[[], float] = lambda: 0.0
+    seen: list[Seen] = field(default_factory=list)
+    finished: list[tuple[str, str, Outcome]] = field(default_factory=list)
+
+    def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
+        self.seen.append(Seen(self.clock(), tuple(candidates)))
+        ranked = sorted(candidates, key=lambda c: (c.inflight, c.name))
+        return Decision(tuple(c.name for c in ranked))
+
+    def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        self.finished.append((req.request_id, backend, outcome))
+
+
+def recorder(name: str, params: Mapping[str, object], backends: Sequence[BackendInfo]) -> Recorder:
+    """Out-of-tree factory (``tests.replay.test_simulate:recorder``)."""
+    return Recorder(name)
+
+
+def _config(**health: Any) -> Any:
+    doc = load_document(default_config_path())
+    assert isinstance(doc, dict)
+    doc["policies"]["rec"] = {"type": "tests.replay.test_simulate:recorder"}
+    doc["health"].update(health)
+    return parse_config(doc)
+
+
+def _run(
+    config: Any, policy: str, path: Path, **plan: Any
+) -> tuple[World, list[tuple[Item, Result, float]]]:
+    world = World(config, {})
+    pol = world.policies[policy]
+    if isinstance(pol, Recorder):
+        pol.clock = lambda: world.now
+    out: list[tuple[Item, Result, float]] = []
+    sim = Simulation(world, pol, policy, lambda i, r, t: out.append((i, r, t)))
+    sim.run(Plan(Source(str(path), model=world.model()), PlanOptions(**plan)))
+    return world, out
+
+
+def _trace(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _busy_rows(n: int = 60) -> list[dict[str, Any]]:
+    """Arrivals every 150 ms, long prompts: requests overlap, queues and KV move."""
+    return [
+        {"timestamp": 150 * i, "input_length": 3000 + 97 * i, "output_length": 40 + i % 50}
+        for i in range(n)
+    ]
+
+
+def test_clock_never_goes_back_and_every_answer_ends_after_its_send(tmp_path: Path) -> None:
+    world, out = _run(_config(), "rec", _trace(tmp_path, _busy_rows()))
+    rec = world.policies["rec"]
+    assert isinstance(rec, Recorder)
+    times = [s.now for s in rec.seen]
+    assert times == sorted(times) and len(times) == 60
+    ends = [t + (r.e2e or 0.0) for _, r, t in out]  # reported in the order they happened
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(ends))
+    assert all(r.ttft is not None and 0 < r.ttft <= (r.e2e or 0) for _, r, _ in out)
+    assert world.now == max(ends)
+
+
+def test_every_request_is_answered_or_counted_failed(tmp_path: Path) -> None:
+    rows = _busy_rows(20)
+    rows.insert(5, {"timestamp": 760, "input_length": 40_000, "output_length": 10})  # > context
+    rows.insert(9, {"timestamp": 1300, "input_length": 500, "output_length": 0})  # skipped row
+    path = _trace(tmp_path, rows)
+    _, out = _run(_config(), "adaptive", path)
+    ids = [i.record.custom_id for i, _, _ in out]
+    assert sorted(ids) == sorted(f"mooncake-{n}" for n in range(22) if n != 9)
+    failed = [r for _, r, _ in out if not r.ok]
+    assert [(r.custom_id, r.status) for r in failed] == [("mooncake-5", 400)]
+    ok = [r for _, r, _ in out if r.ok]
+    assert all(
+        r.completion_tokens == rows[int(r.custom_id.split("-")[1])]["output_length"] for r in ok
+    )
+
+
+def test_policy_sees_the_scrape_interval_and_staleness_it_is_configured_with(
+    tmp_path: Path,
+) -> None:
+    world, out = _run(
+        _config(scrape_interval=2.0, scrape_stale_after=0.5), "rec", _trace(tmp_path, _busy_rows())
+    )
+    rec = world.policies["rec"]
+    assert isinstance(rec, Recorder)
+    ages = []
+    for s in rec.seen:
+        for c in s.candidates:
+            assert c.load is not None
+            # scrapes at 0, 2, 4 ...: the age is the time since the last one
+            assert abs(c.load.age_s - (s.now - 2.0 * math.floor(s.now / 2.0))) < 1e-6
+            assert c.load.stale == (c.load.age_s > 0.5)
+            ages.append(c.load.age_s)
+    assert any(a > 0.5 for a in ages) and any(a <= 0.5 for a in ages)
+    # the router's own in-flight count: requests sent to the backend and not yet answered
+    spans = [(t, t + (r.e2e or 0.0), r.backend) for _, r, t in out]
+    for s in rec.seen:
+        for c in s.candidates:
+            open_ = sum(1 for a, b, name in spans if name == c.name and a < s.now < b)
+            assert c.inflight == open_
+
+
+def test_no_scraping_means_no_load_and_feedback_reaches_the_policy(tmp_path: Path) -> None:
+    world, out = _run(_config(scrape_metrics=False), "rec", _trace(tmp_path, _busy_rows(10)))
+    rec = world.policies["rec"]
+    assert isinstance(rec, Recorder)
+    assert all(c.load is None for s in rec.seen for c in s.candidates)
+    assert sorted(i for i, _, _ in rec.finished) == sorted(r.custom_id for _, r, _ in out)
+    assert all(o.ok and o.ttft_s is not None for _, _, o in rec.finished)
+
+
+def test_command_writes_the_replay_report_marked_simulated(tmp_path: Path) -> None:
+    out, results, page = tmp_path / "r.json", tmp_path / "res.jsonl", tmp_path / "r.html"
+    code = main(
+        [
+            str(FIXTURES / "mooncake.jsonl"),
+            "--policy",
+            "class-split",
+            "--policy",
+            "round-robin",
+            "--out",
+            str(out),
+            "--results",
+            str(results),
+            "--html",
+            str(page),
+        ]
+    )
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["simulated"] is True
+    assert [r["policy"] for r in report["runs"]] == ["class-split", "round-robin"]
+    for run in report["runs"]:
+        assert run["overall"]["completed"] + run["overall"]["failed"] == 12
+        assert run["simulation"]["virtual_seconds"] > 0
+    rr = report["runs"][1]["by_backend"]
+    assert set(rr) == {"vllm", "deepinfer"}  # round-robin used both
+    lines = results.read_text().splitlines()
+    assert len(lines) == 24
+    assert "Simulated in virtual time" in page.read_text()
+    assert yaml.safe_load(lines[0])["route"]["policy"] == "class-split"
