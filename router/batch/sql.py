@@ -129,7 +129,7 @@ class SqlStore:
                 blob = "BLOB"
             with self._tx() as cur:
                 if self._pg:  # replicas starting together: one creates, the others wait
-                    cur.execute("SELECT pg_advisory_xact_lock(7461626c)")
+                    cur.execute("SELECT pg_advisory_xact_lock(8244681726)")
                 for statement in _SCHEMA.format(blob=blob).split(";"):
                     if statement.strip():
                         cur.execute(statement)
@@ -267,14 +267,16 @@ class SqlStore:
         self, batch_id: str, worker: str, n: int, now: float, lease_until: float
     ) -> list[Line]:
         lock = " FOR UPDATE SKIP LOCKED" if self._pg else ""
+        # A materialized CTE: as a plain IN (subquery), PostgreSQL may run the subquery again
+        # and take more than n lines.
         text = (
-            "UPDATE batch_lines SET owner = ?, lease_until = ?, attempts = attempts + 1 "
-            "WHERE batch_id = ? AND idx IN (SELECT idx FROM batch_lines WHERE batch_id = ? "
+            "WITH picked AS MATERIALIZED (SELECT idx FROM batch_lines WHERE batch_id = ? "
             f"AND state = 'open' AND lease_until < ? ORDER BY idx LIMIT ?{lock}) "
-            "AND state = 'open' AND lease_until < ? "
-            "RETURNING idx, custom_id, url, body, attempts"
+            "UPDATE batch_lines SET owner = ?, lease_until = ?, attempts = attempts + 1 "
+            "FROM picked WHERE batch_lines.batch_id = ? AND batch_lines.idx = picked.idx "
+            "RETURNING batch_lines.idx, custom_id, url, body, attempts"
         )
-        args = (worker, lease_until, batch_id, batch_id, now, n, now)
+        args = (batch_id, now, n, worker, lease_until, batch_id)
         rows = await self._run(lambda: self._query(text, args))
         rows.sort(key=lambda r: int(r[0]))
         return [Line(batch_id, int(i), c, u, bytes(b), int(a)) for i, c, u, b, a in rows]

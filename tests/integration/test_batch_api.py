@@ -12,16 +12,13 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
-from openai.types import Batch
 
+from tests.batchkit import MODEL, chat_line, jsonl, lines_of, submit, wait
 from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, get, start_router, write_config
-
-MODEL = "deepseek-v4.1-flash"
 
 
 @pytest.fixture(scope="module")
@@ -46,49 +43,6 @@ def router(tmp_path_factory: pytest.TempPathFactory, capture: Path) -> Iterator[
 @pytest.fixture
 def client(router: Process) -> openai.OpenAI:
     return openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=30)
-
-
-def jsonl(rows: list[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
-
-
-def chat_line(custom_id: str, max_tokens: int = 4, **body: Any) -> dict[str, Any]:
-    messages = [{"role": "user", "content": f"say {custom_id}"}]
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": MODEL, "messages": messages, "max_tokens": max_tokens, **body},
-    }
-
-
-def submit(
-    client: openai.OpenAI, rows: list[dict[str, Any]], endpoint: str = "/v1/chat/completions",
-    window: str = "24h",
-) -> Batch:  # fmt: skip
-    f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
-    return client.batches.create(
-        input_file_id=f.id,
-        endpoint=endpoint,  # type: ignore[arg-type]
-        completion_window=window,  # type: ignore[arg-type]
-        metadata={"job": "test"},
-    )
-
-
-def wait(client: openai.OpenAI, batch_id: str, timeout: float = 60.0) -> Batch:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        b = client.batches.retrieve(batch_id)
-        if b.status in ("completed", "failed", "expired", "cancelled"):
-            return b
-        time.sleep(0.2)
-    raise AssertionError(f"batch {batch_id} still {b.status} after {timeout} s")
-
-
-def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
 
 
 def test_files_round_trip(client: openai.OpenAI) -> None:

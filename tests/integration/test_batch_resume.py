@@ -4,28 +4,18 @@ batch with every line answered exactly once, and re-runs none of those already a
 from __future__ import annotations
 
 import io
-import re
 import signal
 import time
 from pathlib import Path
 
 import openai
 
-from tests.integration.test_batch_api import chat_line, jsonl, lines_of, wait
+from tests.batchkit import chat_line, jsonl, lines_of, served, wait
 from tests.procs import start_emulator
-from tests.router.harness import base_config, get, start_router, write_config
+from tests.router.harness import base_config, start_router, write_config
 
 LINES = 200
 WINDOW = 8
-
-
-def served(url: str) -> int:
-    """Requests the emulator finished (its E2E histogram's count)."""
-    text = get(url + "/metrics").text
-    return sum(
-        int(float(m))
-        for m in re.findall(r"^vllm:e2e_request_latency_seconds_count\S* (\S+)$", text, re.M)
-    )
 
 
 def test_sigkill_mid_batch_then_restart(tmp_path: Path) -> None:

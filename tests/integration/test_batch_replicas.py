@@ -1,0 +1,71 @@
+"""Two router replicas sharing a real PostgreSQL server race over one batch: both take lines,
+one is killed with SIGKILL mid-batch, the other takes its lines over once their leases run
+out, and every line is answered exactly once."""
+
+from __future__ import annotations
+
+import io
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.batchkit import chat_line, jsonl, lines_of, served, wait
+from tests.pg import start_postgres
+from tests.procs import start_emulator
+from tests.router.harness import base_config, get, start_router, write_config
+
+LINES = 240
+WINDOW = 6
+
+
+@pytest.fixture
+def postgres() -> Iterator[str]:
+    with start_postgres() as url:
+        yield url
+
+
+def lines_run(router_url: str) -> int:
+    text = get(router_url + "/metrics").text
+    found = re.findall(
+        r'^switchyard_batch_lines_total\{[^}]*outcome="completed"\} (\S+)$', text, re.M
+    )
+    return sum(int(float(x)) for x in found)
+
+
+def test_two_replicas_one_killed(postgres: str, tmp_path: Path) -> None:
+    with (
+        start_emulator("vllm", time_scale=50) as vllm,
+        start_emulator("deepinfer", time_scale=50) as deepinfer,
+    ):
+        doc = base_config([("vllm", "vllm", vllm.url), ("deepinfer", "deepinfer", deepinfer.url)])
+        doc["batch"] = {"store": postgres, "max_concurrency": WINDOW, "lease_seconds": 1.0}
+        config = write_config(tmp_path, doc)
+        rows = [chat_line(f"p{i}", max_tokens=150, ignore_eos=True) for i in range(LINES)]
+        with start_router(config) as a, start_router(config) as b:
+            client = openai.OpenAI(base_url=b.url + "/v1", api_key="x", max_retries=0)
+            f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
+            batch = client.batches.create(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (lines_run(a.url) and lines_run(b.url) > 10):
+                time.sleep(0.05)
+            by_b = lines_run(b.url)
+            assert by_b > 10 and lines_run(a.url) > 0, "both replicas take lines"
+            b.proc.send_signal(signal.SIGKILL)
+            b.proc.wait(10)
+            # The survivor finishes and serves the batch created through the dead replica.
+            client = openai.OpenAI(base_url=a.url + "/v1", api_key="x", max_retries=0)
+            done = wait(client, batch.id, timeout=90)
+            assert done.status == "completed", done
+            assert done.request_counts is not None
+            assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
+            out = lines_of(client, done.output_file_id)
+        assert sorted(x["custom_id"] for x in out) == sorted(r["custom_id"] for r in rows)
+        total = served(vllm.url) + served(deepinfer.url)
+        assert LINES <= total <= LINES + WINDOW, total

@@ -1,0 +1,125 @@
+"""The batch store's leases, on SQLite and on a real PostgreSQL server alike.
+
+Two workers (each its own connection, as two router replicas) take lines: never the same line
+while its lease runs, a dead worker's lines once it has run out, and only the lease's holder
+can write a line's answer; the right to finalize a batch is taken once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from router.batch.sql import SqlStore
+from router.batch.store import BatchRow, Finished, NewLine
+from tests.pg import start_postgres
+
+T0 = 1_000_000.0
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    with start_postgres() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'batch.db'}"
+    base: str = request.getfixturevalue("postgres")
+    return base
+
+
+@pytest.fixture
+async def stores(url: str) -> AsyncIterator[tuple[SqlStore, SqlStore]]:
+    a, b = SqlStore(url), SqlStore(url)
+    await asyncio.gather(a.open(), b.open())
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+
+
+_counter = iter(range(10**6))
+
+
+async def new_batch(store: SqlStore, lines: int) -> str:
+    batch_id = f"batch_t{next(_counter)}_{id(store)}"
+    row = BatchRow(batch_id, "", "/v1/chat/completions", "file-x", "24h", "in_progress",
+                   0, 10**10, total=lines)  # fmt: skip
+    await store.create_batch(row, [NewLine(f"c{i}", row.endpoint, b"{}") for i in range(lines)])
+    return batch_id
+
+
+def answer(n: int) -> Finished:
+    return Finished(True, b'{"n": %d}' % n, 3, 5)
+
+
+async def test_leases_and_takeover(stores: tuple[SqlStore, SqlStore]) -> None:
+    a, b = stores
+    batch = await new_batch(a, 5)
+    mine = await a.claim(batch, "A", 3, T0, T0 + 10)
+    theirs = await b.claim(batch, "B", 10, T0, T0 + 10)
+    assert [x.idx for x in mine] == [0, 1, 2] and [x.idx for x in theirs] == [3, 4]
+    assert await b.claim(batch, "B", 10, T0 + 1, T0 + 11) == []
+    assert await a.live_leases(batch, T0 + 1) == 5
+    # A goes quiet (B renews its own leases); once A's have run out B takes its lines, and A
+    # can no longer answer.
+    await b.renew("B", T0 + 50)
+    taken = await b.claim(batch, "B", 10, T0 + 20, T0 + 30)
+    assert [x.idx for x in taken] == [0, 1, 2] and all(x.attempts == 2 for x in taken)
+    assert not await a.finish_line(mine[0], "A", answer(0), T0 + 21)
+    for line in [*taken, *theirs]:
+        assert await b.finish_line(line, "B", answer(line.idx), T0 + 21)
+    assert not await b.finish_line(taken[0], "B", answer(0), T0 + 22)  # answered once only
+    row = await a.batch(None, batch)
+    assert row is not None
+    assert (row.completed, row.failed, row.prompt_tokens, row.completion_tokens) == (5, 0, 15, 25)
+    results = await a.line_results(batch)
+    assert [(r.custom_id, r.state, r.result) for r in results] == [
+        (f"c{i}", "done", b'{"n": %d}' % i) for i in range(5)
+    ]
+    # Finalizing is taken once (until its own lease runs out).
+    assert await a.begin_finalize(batch, T0 + 30, T0 + 40, "finalizing")
+    assert not await b.begin_finalize(batch, T0 + 31, T0 + 41, "finalizing")
+    await a.finish_batch(batch, "completed", int(T0) + 32, [], None, None, 0)
+    await b.finish_batch(batch, "completed", int(T0) + 33, [], None, None, 0)  # no effect
+    done = await b.batch(None, batch)
+    assert done is not None and (done.status, done.completed_at) == ("completed", int(T0) + 32)
+
+
+async def test_renew_and_release(stores: tuple[SqlStore, SqlStore]) -> None:
+    a, b = stores
+    batch = await new_batch(a, 2)
+    first, second = await a.claim(batch, "A", 2, T0, T0 + 10)
+    await a.renew("A", T0 + 100)
+    assert await b.claim(batch, "B", 2, T0 + 50, T0 + 60) == []
+    await a.release_line(first, "A", T0 + 70)  # given back, to be taken from T0 + 70 on
+    assert await b.claim(batch, "B", 2, T0 + 60, T0 + 70) == []
+    assert [x.idx for x in await b.claim(batch, "B", 2, T0 + 71, T0 + 80)] == [first.idx]
+    await a.renew("A", 0.0)  # a router shutting down hands its leases back
+    assert [x.idx for x in await b.claim(batch, "B", 2, T0 + 72, T0 + 80)] == [second.idx]
+
+
+async def test_racing_workers_take_every_line_once(stores: tuple[SqlStore, SqlStore]) -> None:
+    a, b = stores
+    batch = await new_batch(a, 300)
+
+    async def drain(store: SqlStore, worker: str) -> list[int]:
+        got: list[int] = []
+        while lines := await store.claim(batch, worker, 7, T0, T0 + 100):
+            got += [x.idx for x in lines]
+            for line in lines:
+                assert await store.finish_line(line, worker, answer(line.idx), T0)
+        return got
+
+    got_a, got_b = await asyncio.gather(drain(a, "A"), drain(b, "B"))
+    assert sorted(got_a + got_b) == list(range(300))
+    assert not set(got_a) & set(got_b)
+    row = await a.batch(None, batch)
+    assert row is not None and row.completed == 300
