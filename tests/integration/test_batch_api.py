@@ -186,7 +186,7 @@ def test_cancel(client: openai.OpenAI) -> None:
 
 
 def test_the_completion_window_is_honoured(client: openai.OpenAI) -> None:
-    rows = [chat_line(f"x{i}", max_tokens=2000, ignore_eos=True) for i in range(40)]
+    rows = [chat_line(f"x{i}", max_tokens=4000, ignore_eos=True) for i in range(64)]
     batch = submit(client, rows, window="2s")
     done = wait(client, batch.id)
     assert done.status == "expired" and done.expired_at is not None
@@ -196,4 +196,4 @@ def test_the_completion_window_is_honoured(client: openai.OpenAI) -> None:
     expired = [x for x in err if x["error"] and x["error"]["code"] == "batch_expired"]
     assert expired and all(x["response"] is None for x in expired)
     assert done.request_counts is not None
-    assert done.request_counts.completed + done.request_counts.failed == 40
+    assert done.request_counts.completed + done.request_counts.failed == 64
