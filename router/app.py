@@ -56,6 +56,8 @@ def build_policies(
             out[spec.name] = build_policy(
                 spec.name, spec.type, spec.params, infos, observer=metrics
             )
+            if metrics is not None:
+                metrics.policy_known(spec.name)
         except PolicyConfigError as exc:
             errors.extend((f"policies.{spec.name}.{path}", msg) for path, msg in exc.errors)
     if errors:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from policies.types import REQUEST_CLASSES
+
 # Fine enough to read a P95 TTFT anywhere from 1 ms to 60 s.
 TTFT_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
@@ -37,6 +39,26 @@ _REQ = ("policy", "backend", "class")
 CAPTURE_DROP_REASONS = ("queue_full", "not_running", "sink_gone", "unencodable", "error")
 """Why the capture writer (router.observe.capture) may not write a request."""
 
+REQUEST_REASONS = (
+    "ok", "client_closed", "auth", "quota", "overloaded", "too_large", "invalid",
+    "client_timeout", "unknown_model", "no_backend", "internal", "upstream_rejected",
+    "upstream_error", "upstream_unreachable", "upstream_timeout", "upstream_broken",
+)  # fmt: skip
+"""The ``reason`` of ``switchyard_requests_total``: ``ok`` (a backend's 2xx answer served
+whole, the only outcome the latency histograms observe), the router's own rejections, and
+what went wrong upstream. A fixed set, so the label's cardinality is bounded."""
+
+# The router's own rejections, with the status each answers, exported at 0 for every policy:
+# those before classification under class ``unknown``, the others under each class.
+_EARLY_REJECTIONS = (
+    ("auth", 401), ("invalid", 400), ("invalid", 415), ("client_timeout", 408),
+    ("too_large", 413), ("client_closed", 499),
+)  # fmt: skip
+_LATE_REJECTIONS = (
+    ("auth", 403), ("quota", 429), ("overloaded", 429), ("unknown_model", 404),
+    ("no_backend", 503), ("internal", 500), ("client_closed", 499),
+)  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class _Children:
@@ -59,25 +81,28 @@ class Metrics:
         r = self.registry
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._requests = Counter(
-            "switchyard_requests_total", "Requests by outcome.", [*_REQ, "code"], registry=r
+            "switchyard_requests_total",
+            "Requests by outcome: the status the client got and why (reason).",
+            [*_REQ, "code", "reason"],
+            registry=r,
         )
         self._ttft = Histogram(
             "switchyard_time_to_first_token_seconds",
-            "Request arrival to the first content chunk sent to the client.",
+            "Request arrival to the first content chunk sent to the client (served requests).",
             _REQ,
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self._tpot = Histogram(
             "switchyard_time_per_output_token_seconds",
-            "(E2E - TTFT) / (output tokens - 1).",
+            "(E2E - TTFT) / (output tokens - 1) (served requests).",
             _REQ,
             buckets=TPOT_BUCKETS,
             registry=r,
         )
         self._e2e = Histogram(
             "switchyard_e2e_request_latency_seconds",
-            "Request arrival to the response's last byte.",
+            "Request arrival to the response's last byte (served requests).",
             _REQ,
             buckets=E2E_BUCKETS,
             registry=r,
@@ -202,12 +227,22 @@ class Metrics:
             self._dropped.labels(reason)
         self._degraded.labels("unencodable")
 
+    def policy_known(self, policy: str) -> None:
+        """Export ``policy``'s series of the router's own rejections at 0 (Prometheus' advice
+        for known label values: rate() and alerts see a series before its first increment)."""
+        for reason, code in _EARLY_REJECTIONS:
+            self._requests.labels(policy, "none", "unknown", str(code), reason)
+        for cls in REQUEST_CLASSES:
+            for reason, code in _LATE_REJECTIONS:
+                self._requests.labels(policy, "none", cls, str(code), reason)
+
     def request_done(
         self,
         policy: str,
         backend: str,
         request_class: str,
         code: int,
+        reason: str,
         *,
         ttft: float | None,
         tpot: float | None,
@@ -215,7 +250,11 @@ class Metrics:
         prompt_tokens: int | None,
         output_tokens: int | None,
     ) -> None:
-        """Record one finished request (backend ``none`` when no backend answered)."""
+        """Record one finished request (backend ``none`` when no backend answered).
+
+        ``reason``: one of :data:`REQUEST_REASONS`. The caller passes latencies only for a
+        served request (``ok``), so that rejections and failures never skew the histograms.
+        """
         labels = (policy, backend, request_class)
         children = self._children.get(labels)
         if children is None:  # labels() takes a lock and builds a key: do it once per label set
@@ -226,7 +265,7 @@ class Metrics:
                 prompt=self._prompt.labels(*labels),
                 output=self._output.labels(*labels),
             )
-        self._requests.labels(*labels, str(code)).inc()
+        self._requests.labels(*labels, str(code), reason).inc()
         if ttft is not None:
             children.ttft.observe(ttft)
         if tpot is not None:

@@ -19,13 +19,40 @@ from common.capture import CaptureRecord, Observed, Response, Route, iso_utc
 from common.sse import StreamFigures, StreamMeter
 from policies.base import Policy
 from policies.types import Outcome, RequestInfo
+from router.control.admission import QueueRejected, Saturated
+from router.proxy.relay import CLIENT_CLOSED
 from router.proxy.state import RouterState
+from router.proxy.upstream import UpstreamFault, answer_reason
+from router.server.errors import RouterError
 
 log = logging.getLogger("router")
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
+
+
+# The reason of a rejection the router itself answered, by its status (see REQUEST_REASONS).
+_REJECTED = {
+    400: "invalid",
+    401: "auth",
+    403: "auth",
+    404: "unknown_model",
+    408: "client_timeout",
+    413: "too_large",
+    415: "invalid",
+    429: "quota",
+    503: "no_backend",
+}
+
+
+def rejection_reason(exc: RouterError) -> str:
+    """Why the router answered ``exc`` (a reason of router.observe.metrics.REQUEST_REASONS)."""
+    if isinstance(exc, UpstreamFault):
+        return exc.reason
+    if isinstance(exc, (Saturated, QueueRejected)):
+        return "overloaded"
+    return _REJECTED.get(exc.status, "internal")
 
 
 @dataclass(slots=True)
@@ -55,12 +82,34 @@ class Exchange:
     protocol_error: str | None = None
     """What the router found wrong with the backend's answer itself, as a kind of
     ``switchyard_upstream_protocol_errors_total`` (the meter counts what it finds)."""
+    reason: str | None = None
+    """Why the request was not served, when the handler knows (else :meth:`outcome` works it
+    out from the status and the error)."""
     _figures: StreamFigures | None = field(default=None, repr=False)
 
     @property
     def request_class(self) -> str:
         """The class label (``unknown`` before classification)."""
         return self.info.request_class if self.info is not None else "unknown"
+
+    def refused(self, exc: RouterError) -> None:
+        """The client gets ``exc`` instead of an answer."""
+        self.status = exc.status
+        self.error = {"message": exc.message, "code": exc.code}
+        self.reason = rejection_reason(exc)
+
+    def outcome(self) -> str:
+        """The request's reason for ``switchyard_requests_total``: ``ok`` only for a backend's
+        2xx answer served whole."""
+        if self.reason is not None:
+            return self.reason
+        if self.status == CLIENT_CLOSED:
+            return "client_closed"
+        if self.backend is None:
+            return "internal"
+        if 200 <= self.status < 300 and self.error is None:
+            return "ok"
+        return answer_reason(self.status)  # the engine's own error answer, passed on
 
     def finish(self, state: RouterState) -> None:
         """Metrics, policy feedback, goodput and capture for the finished request."""
@@ -75,14 +124,17 @@ class Exchange:
             self.error = fig.error
         policy = self.policy
         backend = self.backend or "none"
+        reason = self.reason = self.outcome()
+        served = reason == "ok"  # the latency histograms are the service's, nothing else's
         state.metrics.request_done(
             policy.name,
             backend,
             self.request_class,
             self.status,
-            ttft=ttft,
-            tpot=tpot,
-            e2e=e2e,
+            reason,
+            ttft=ttft if served else None,
+            tpot=tpot if served else None,
+            e2e=e2e if served else None,
             prompt_tokens=prompt,
             output_tokens=output,
         )

@@ -30,6 +30,7 @@ from router.proxy.upstream import (
     Target,
     UpstreamFailed,
     UpstreamFault,
+    answer_reason,
     open_upstream,
 )
 from router.server.errors import RouterError, error_response
@@ -118,19 +119,17 @@ async def handle(
         if relayed.backend_fault:
             opened.lease.failed()  # a stalled or misbehaving engine counts toward ejection
         if relayed.error is not None:
-            ex.error = relayed.error
+            ex.error, ex.reason = relayed.error, "upstream_broken"
             state.metrics.stream_aborted(policy.name, ex.backend, info.request_class)
         return relayed.response
     except UpstreamFault as exc:  # from relay: the answer must not reach the client as sent
-        ex.status = exc.status
-        ex.error = {"message": exc.message, "code": exc.code}
+        ex.refused(exc)
         ex.protocol_error = exc.kind
         if exc.failed and opened is not None:
             opened.lease.failed()
         return error_response(exc, extra)
     except RouterError as exc:
-        ex.status = exc.status
-        ex.error = {"message": exc.message, "code": exc.code}
+        ex.refused(exc)
         return error_response(exc, extra)
     except UpstreamFailed as exc:
         ex.failovers = exc.failovers
@@ -145,7 +144,7 @@ async def handle(
             ex.status = CLIENT_CLOSED
         raise
     except Exception:
-        ex.status = 500
+        ex.status, ex.reason = 500, "internal"
         if opened is not None:
             raise  # bytes may be out already; aiohttp drops the connection
         log.exception("request %s failed inside the router", rid)
@@ -259,6 +258,8 @@ def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> web.Res
     response, fault = failed_answer(last, extra)
     ex.status = response.status
     code = fault.code if fault is not None and last.status is None else "upstream_error"
+    # upstream_timeout or upstream_unreachable when none answered, else the engine's error
+    ex.reason = code if last.status is None else answer_reason(last.status)
     ex.error = {"message": last.message, "code": code}
     if fault is not None:
         ex.protocol_error = fault.kind

@@ -201,6 +201,7 @@ async def _whole(
             f"backend {backend} answered with a body over {limit} bytes",
             code="upstream_body_too_large",
             kind="body_too_large",
+            reason="upstream_broken",
         ) from None
     except UpstreamError as exc:  # nothing has reached the client yet: say so properly
         timeout = isinstance(exc, TimeoutError)
@@ -208,6 +209,7 @@ async def _whole(
             504 if timeout else 502,
             f"upstream answer broke off: {exc}",
             code="upstream_timeout" if timeout else "upstream_error",
+            reason="upstream_timeout" if timeout else "upstream_broken",
         ) from None
     if not 200 <= head.status < 300:
         fault = replacement_error(head.status, body, backend)

@@ -139,7 +139,8 @@ class UpstreamFault(RouterError):
     (none of that answer has reached it yet).
 
     ``kind`` names the protocol error it was, for ``switchyard_upstream_protocol_errors_total``;
-    ``failed`` says whether it counts as the backend's failure.
+    ``failed`` says whether it counts as the backend's failure; ``reason`` is the request's
+    outcome for ``switchyard_requests_total`` (an error answer, or one that broke off).
     """
 
     def __init__(
@@ -150,10 +151,18 @@ class UpstreamFault(RouterError):
         code: str,
         kind: str | None = None,
         failed: bool = True,
+        reason: str = "upstream_error",
     ) -> None:
         super().__init__(status, message, code=code)
         self.kind = kind
         self.failed = failed
+        self.reason = reason
+
+
+def answer_reason(status: int) -> str:
+    """The outcome of an engine's error answer: its own failure (5xx, or 429: busy), or the
+    request's fault it saw (any other 4xx)."""
+    return "upstream_error" if status >= 500 or status == 429 else "upstream_rejected"
 
 
 def replacement_error(status: int, body: bytes, backend: str) -> UpstreamFault | None:
@@ -176,7 +185,11 @@ def replacement_error(status: int, body: bytes, backend: str) -> UpstreamFault |
         message = doc.get("message") if doc.get("object") == "error" else err
         if isinstance(message, str):
             return UpstreamFault(
-                status, message[:_MAX_MESSAGE], code="upstream_error", failed=False
+                status,
+                message[:_MAX_MESSAGE],
+                code="upstream_error",
+                failed=False,
+                reason=answer_reason(status),
             )
     if body:
         log.warning(
@@ -191,6 +204,7 @@ def replacement_error(status: int, body: bytes, backend: str) -> UpstreamFault |
         code="upstream_error",
         kind="bad_error_body" if body else None,
         failed=False,
+        reason=answer_reason(status),
     )
 
 

@@ -62,7 +62,7 @@ def test_stalled_shadow_does_not_delay_the_client(live: Process, tmp_path: Path)
             assert metric(text, r'switchyard_shadow_dropped_total\{policy="mirrored"\}') == 4
             assert "switchyard_shadow_requests_total{" not in text
             served = r'switchyard_requests_total\{backend="live",class="interactive",code="200"'
-            assert metric(text, served + r',policy="mirrored"\}') == 6
+            assert metric(text, served + r',policy="mirrored",reason="ok"\}') == 6
             assert 'switchyard_requests_total{backend="shadow"' not in text
             # Open shadow requests do not count as the backend's in-flight work.
             assert metric(text, r'switchyard_inflight_requests\{backend="shadow"\}') == 0

@@ -302,7 +302,7 @@ def test_metrics_are_labelled_per_policy_backend_class(router: str) -> None:
     text = get(router + "/metrics").text
     assert re.search(
         r'switchyard_requests_total\{backend="vllm",class="interactive",code="200",'
-        r'policy="class-split"\} [1-9]',
+        r'policy="class-split",reason="ok"\} [1-9]',
         text,
     )
     assert 'switchyard_time_to_first_token_seconds_bucket{backend="vllm"' in text

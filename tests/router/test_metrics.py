@@ -16,16 +16,16 @@ def sample(m: Metrics, name: str, **labels: str) -> float | None:
 def test_request_done_records_every_series() -> None:
     m = Metrics()
     lab = {"policy": "p", "backend": "b", "class": "interactive"}
-    m.request_done("p", "b", "interactive", 200, ttft=0.05, tpot=0.01, e2e=1.0,
+    m.request_done("p", "b", "interactive", 200, "ok", ttft=0.05, tpot=0.01, e2e=1.0,
                    prompt_tokens=10, output_tokens=20)  # fmt: skip
-    m.request_done("p", "b", "interactive", 503, ttft=None, tpot=None, e2e=0.1,
-                   prompt_tokens=None, output_tokens=None)  # fmt: skip
-    assert sample(m, "switchyard_requests_total", **lab, code="200") == 1
-    assert sample(m, "switchyard_requests_total", **lab, code="503") == 1
+    m.request_done("p", "b", "interactive", 503, "upstream_error", ttft=None, tpot=None,
+                   e2e=None, prompt_tokens=None, output_tokens=None)  # fmt: skip
+    assert sample(m, "switchyard_requests_total", **lab, code="200", reason="ok") == 1
+    assert sample(m, "switchyard_requests_total", **lab, code="503", reason="upstream_error") == 1
     assert sample(m, "switchyard_time_to_first_token_seconds_count", **lab) == 1
     assert sample(m, "switchyard_time_to_first_token_seconds_bucket", **lab, le="0.05") == 1
     assert sample(m, "switchyard_time_to_first_token_seconds_bucket", **lab, le="0.04") == 0
-    assert sample(m, "switchyard_e2e_request_latency_seconds_count", **lab) == 2
+    assert sample(m, "switchyard_e2e_request_latency_seconds_count", **lab) == 1
     assert sample(m, "switchyard_prompt_tokens_total", **lab) == 10
     assert sample(m, "switchyard_output_tokens_total", **lab) == 20
 
@@ -76,3 +76,17 @@ def test_pipeline_plugins_are_timed_and_emptying_filters_counted() -> None:
     assert "switchyard_policy_plugin_duration_seconds_bucket" in text
     assert sample(Metrics(), "switchyard_policy_filter_rejections_total",
                   policy="p", filter="members") is None  # fmt: skip
+
+
+def test_a_known_policy_exports_its_rejections_at_zero() -> None:
+    m = Metrics()
+    m.policy_known("p")
+    early = {"policy": "p", "backend": "none", "class": "unknown"}
+    assert sample(m, "switchyard_requests_total", **early, code="401", reason="auth") == 0
+    assert sample(m, "switchyard_requests_total", **early, code="413", reason="too_large") == 0
+    late = {"policy": "p", "backend": "none", "class": "batch"}
+    assert sample(m, "switchyard_requests_total", **late, code="429", reason="overloaded") == 0
+    assert sample(m, "switchyard_requests_total", **late, code="429", reason="quota") == 0
+    assert sample(m, "switchyard_requests_total", **late, code="503", reason="no_backend") == 0
+    # Only the router's own rejections: outcomes of a backend appear when they happen.
+    assert sample(m, "switchyard_requests_total", **late, code="200", reason="ok") is None
