@@ -41,11 +41,22 @@ class _EngineCollector(Collector):
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric(labels, float(value))
             yield g
-        c = CounterMetricFamily(
-            "vllm:num_preemptions", "Cumulative number of preemptions.", labels=["model_name"]
-        )
-        c.add_metric(labels, float(e.num_preemptions))
-        yield c
+        for name, doc, count in (
+            ("vllm:num_preemptions", "Cumulative number of preemptions.", e.num_preemptions),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                e.prefix_cache_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                e.prefix_cache_hits,
+            ),
+        ):
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(labels, float(count))
+            yield c
 
 
 class EngineMetrics:

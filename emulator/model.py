@@ -8,8 +8,9 @@ time (scaled). Times are model seconds.
 
 A submitted sequence first spends the profile's front-end delay (API server work), then joins
 a data-parallel rank chosen by the profile's rule (balanced by pending prefill work, random or
-by hash). Each rank (:mod:`emulator.rank`) has its own KV cache in 16-token blocks, running
-set, waiting queue and step clocks.
+by hash). Each rank (:mod:`emulator.rank`) has its own KV cache in 16-token blocks (with
+automatic prefix caching, :mod:`emulator.kvcache`), running set, waiting queue and step
+clocks.
 """
 
 from __future__ import annotations
@@ -121,6 +122,16 @@ class Engine:
     def num_preemptions(self) -> int:
         """Preemptions since start."""
         return sum(r.preemptions for r in self.ranks)
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache since start (once per request)."""
+        return sum(r.pool.queries for r in self.ranks)
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Of :attr:`prefix_cache_queries`, the tokens found cached."""
+        return sum(r.pool.hits for r in self.ranks)
 
     def kv_usage(self) -> float:
         """Share of KV cache blocks in use, 0 to 1."""

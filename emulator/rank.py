@@ -6,6 +6,11 @@ a KV block and none is free, it preempts the latest admission (of the lowest pri
 priority scheduling): its blocks are freed and it waits again, to be prefilled again with its
 prompt and the tokens it already generated (vLLM's recompute preemption). ``mixed`` and
 ``overlap`` scheduling are described on :class:`~emulator.profiles.Profile`.
+
+KV blocks live in a :class:`~emulator.kvcache.BlockPool` with automatic prefix caching: a
+sequence that carries its token ids is admitted with its longest cached prefix already
+computed (at least its last prompt token is always computed, to have logits, as in vLLM), and
+registers each full block it computes for later sequences.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import random
 from dataclasses import dataclass, field
 from enum import Enum
 
+from emulator.kvcache import BlockPool, block_hashes
 from emulator.profiles import Profile
 
 
@@ -34,6 +40,9 @@ class Sequence:
     ``output_tokens`` is the length it will generate; ``rng`` draws its tokens-per-chunk (seed
     it from the request so the same request is chunked the same way under any load).
     ``chunks`` collects the size of every chunk emitted and not yet taken by the caller.
+    ``tokens`` are the ids of the prompt followed by the output to come; with them its full
+    blocks are looked up in and added to the prefix cache (empty: nothing is cached).
+    ``cached_tokens`` is how much of the prompt the cache held when it was first admitted.
     """
 
     prompt_tokens: int
@@ -52,6 +61,11 @@ class Sequence:
     finished_at: float | None = None
     preemptions: int = 0
     chunks: list[int] = field(default_factory=list)
+    tokens: tuple[int, ...] = ()
+    cached_tokens: int = 0
+    hashes: list[int] = field(default_factory=list)  # block hash chain, computed lazily
+    held: list[int] = field(default_factory=list)  # cached blocks it holds (hashes)
+    hashed: int = 0  # leading blocks already looked up or offered to the cache
 
     @property
     def done(self) -> bool:
@@ -66,7 +80,7 @@ class Rank:
         self.p = profile
         self.overlap = profile.scheduling == "overlap"
         self.by_priority = profile.scheduling_policy == "priority"
-        self.free = profile.kv_blocks_per_rank
+        self.pool = BlockPool(profile.kv_blocks_per_rank, profile.kv_block_size)
         self.waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, key, seq)
         self.n_waiting = 0
         self.running: list[Sequence] = []  # admission order
@@ -76,6 +90,11 @@ class Rank:
         self.lane_end: float | None = None  # overlap: the prefill lane's current job
         self.lane_job: Sequence | None = None
         self.preemptions = 0
+
+    @property
+    def free(self) -> int:
+        """KV blocks no running sequence holds."""
+        return self.pool.free
 
     # queue ---------------------------------------------------------------------------
     def blocks_for(self, tokens: int) -> int:
@@ -99,20 +118,50 @@ class Rank:
         head = self._head(now)
         if head is None or len(self.running) >= self.p.max_num_seqs:
             return None
-        need = self.blocks_for(head.prefill_target + 1)
-        if need > self.free:
+        size = self.p.kv_block_size
+        target = head.prefill_target
+        limit = (target - 1) // size  # the last prompt token is always computed
+        block_hashes(head.tokens, size, head.hashes, limit)
+        hits, evictable = self.pool.lookup(head.hashes, limit)
+        need = self.blocks_for(target + 1) - hits
+        if need > self.free - evictable:
             return None
         heapq.heappop(self.waiting)
         self.n_waiting -= 1
-        self.free -= need
-        head.blocks = need
+        held = head.hashes[:hits]
+        self.pool.touch(held)
+        self.pool.allocate(need)
+        head.blocks, head.held, head.hashed = need, held, hits
+        head.prefilled = hits * size
+        if not head.preemptions:  # vLLM counts a request once, not its recomputations
+            head.cached_tokens = head.prefilled
+            self.pool.queries += head.prompt_tokens
+            self.pool.hits += head.prefilled
         head.state = State.RUNNING
         self.running.append(head)
         return head
 
+    def _cache(self, seq: Sequence, computed: int) -> None:
+        """Offer ``seq``'s full blocks among its first ``computed`` tokens to the cache."""
+        size = self.p.kv_block_size
+        full = computed // size
+        if full <= seq.hashed or not seq.tokens:
+            return
+        block_hashes(seq.tokens, size, seq.hashes, full)
+        end = min(full, len(seq.hashes))
+        for h in seq.hashes[seq.hashed : end]:
+            if seq.blocks and self.pool.register(h):
+                seq.blocks -= 1
+                seq.held.append(h)
+        seq.hashed = end
+
     def _release(self, seq: Sequence) -> None:
-        self.free += seq.blocks
-        seq.blocks = 0
+        if seq.blocks or seq.held:
+            decoding = seq.prefilled >= seq.prefill_target
+            # A decoding sequence has computed the KV of all its tokens but the last sampled.
+            self._cache(seq, seq.prompt_tokens + seq.generated - 1 if decoding else seq.prefilled)
+        self.pool.release(seq.blocks, seq.held)
+        seq.blocks, seq.held, seq.hashed = 0, [], 0
         if seq in self.running:
             self.running.remove(seq)
 
@@ -133,14 +182,15 @@ class Rank:
 
         Returns False if ``seq`` itself had to be preempted.
         """
-        need = self.blocks_for(seq.prompt_tokens + seq.generated + tokens) - seq.blocks
+        have = seq.blocks + len(seq.held)
+        need = self.blocks_for(seq.prompt_tokens + seq.generated + tokens) - have
         while need > self.free:
             victim = self._victim()
             self._preempt(victim)
             if victim is seq:
                 return False
         if need > 0:
-            self.free -= need
+            self.pool.allocate(need)
             seq.blocks += need
         return True
 
@@ -223,7 +273,7 @@ class Rank:
             new = self._admit(now)
             if new is None:
                 break
-            chunk = min(new.prefill_target, budget)
+            chunk = min(new.prefill_target - new.prefilled, budget)
             prefill.append((new, chunk))
             budget -= chunk
         if not decode and not prefill:
@@ -244,6 +294,7 @@ class Rank:
         for seq, chunk in self.step_prefill:
             if seq.state is State.RUNNING:
                 seq.prefilled += chunk
+                self._cache(seq, seq.prefilled)
                 if seq.prefilled >= seq.prefill_target:
                     self._emit(seq, 1, now, out)
         self.step_decode, self.step_prefill = [], []
@@ -254,8 +305,9 @@ class Rank:
         if seq is None:
             return
         self.lane_job = seq
+        left = seq.prefill_target - seq.prefilled  # cached blocks skip the compute
         self.lane_end = now + (
-            self.p.prefill_base_ms / 1e3 + self.p.prefill_per_token_us / 1e6 * seq.prefill_target
+            self.p.prefill_base_ms / 1e3 + self.p.prefill_per_token_us / 1e6 * left
         )
 
     def _end_lane(self, now: float, out: list[Sequence]) -> None:
@@ -263,6 +315,7 @@ class Rank:
         self.lane_job = self.lane_end = None
         if seq is not None and seq.state is State.RUNNING:
             seq.prefilled = seq.prefill_target
+            self._cache(seq, seq.prefilled)
             self._emit(seq, 1, now, out)
 
     def _start_decode(self, now: float) -> None:

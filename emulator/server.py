@@ -26,6 +26,7 @@ from emulator.faults import HEADER, FaultPlan, injected_error, plan_for
 from emulator.metrics import EngineMetrics
 from emulator.model import Engine, Sequence
 from emulator.profiles import Profile
+from emulator.prompt import output_ids, prompt_ids
 from emulator.surface import detokenize_body, embeddings_body, models_body, tokenize_body
 from emulator.text import natural_length, output_pieces, request_rng
 
@@ -110,12 +111,12 @@ async def _errors(
         return _error_response(ApiError(exc.status, exc.reason))
 
 
-def _usage(prompt: int, completion: int) -> dict[str, object]:
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, object]:
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 
@@ -162,17 +163,19 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             f"rank holds {engine.capacity_tokens()}.",
             "max_tokens",
         )
+    pieces = output_pieces(rng, length)
     seq = Sequence(
         prompt_tokens=gen.prompt_tokens,
         output_tokens=length,
         priority=gen.priority,
         rng=random.Random(rng.getrandbits(64)),
+        tokens=(*prompt_ids(doc, chat=chat), *output_ids(pieces)),
     )
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     job = _Job(
         gen=gen,
         seq=seq,
-        pieces=output_pieces(rng, length),
+        pieces=pieces,
         plan=plan,
         request_id=request_id,
         rid=("chatcmpl-" if chat else "cmpl-") + request_id,
@@ -238,8 +241,9 @@ async def _stream(
     metrics.e2e.observe(time.perf_counter() - job.started)
     if gen.include_usage:
         obj = "chat.completion.chunk" if gen.chat else "text_completion"
+        usage = _usage(gen.prompt_tokens, sent, seq.cached_tokens)
         doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
-               "choices": [], "usage": _usage(gen.prompt_tokens, sent)}  # fmt: skip
+               "choices": [], "usage": usage}  # fmt: skip
         await resp.write(b"data: " + orjson.dumps(doc) + b"\n\n")
     await resp.write_eof(_DONE)  # [DONE] and the stream's end in one write
     return resp
@@ -273,8 +277,9 @@ async def _whole(
         choice = {"index": 0, "text": text, "prompt_logprobs": None}
         obj = "text_completion"
     choice.update(logprobs=None, finish_reason=job.finish, stop_reason=None)
+    usage = _usage(gen.prompt_tokens, n, seq.cached_tokens)
     doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
-           "choices": [choice], "usage": _usage(gen.prompt_tokens, n)}  # fmt: skip
+           "choices": [choice], "usage": usage}  # fmt: skip
     headers = {"X-Request-Id": job.request_id}
     return web.Response(body=orjson.dumps(doc), content_type="application/json", headers=headers)
 
