@@ -26,6 +26,7 @@ from router.control.slo import slo_table
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
 from router.proxy.connection import ConnectionPool
+from router.proxy.drain import CLOSE_SECONDS
 from router.proxy.handler import handle
 from router.proxy.shadow import Shadows
 from router.proxy.state import RouterState
@@ -274,7 +275,8 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
-        shutdown_timeout=config.shutdown.drain_seconds,  # SIGTERM's drain; see lifecycle
+        # SIGTERM's drain is the router's own (router.proxy.drain), done before cleanup.
+        shutdown_timeout=CLOSE_SECONDS,
         **options,
     )
     await runner.setup()

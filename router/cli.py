@@ -26,7 +26,7 @@ from pathlib import Path
 
 import uvloop
 
-from router.app import RELOADER, build_app, build_policies, listen_socket, serve
+from router.app import RELOADER, STATE, build_app, build_policies, listen_socket, serve
 from router.backends.pool import Pool
 from router.config.model import ConfigError, RouterConfig
 from router.config.parse import read_config
@@ -174,7 +174,11 @@ async def _worker(
     try:
         await stop.wait()
     finally:
-        await served.runner.cleanup()
+        drain = app[STATE].drain
+        seconds = app[STATE].config.shutdown.drain_seconds
+        log.info("draining %d open requests for up to %g s", drain.open, seconds)
+        if cut := await drain.run(served.runner, seconds):
+            log.info("cut %d requests at the drain deadline", cut)
 
 
 def _supervise(config: RouterConfig, first: socket.socket, workers: int, path: Path) -> int:

@@ -43,6 +43,7 @@ REQUEST_REASONS = (
     "ok", "client_closed", "auth", "quota", "overloaded", "too_large", "invalid",
     "client_timeout", "unknown_model", "no_backend", "internal", "upstream_rejected",
     "upstream_error", "upstream_unreachable", "upstream_timeout", "upstream_broken",
+    "shutting_down",
 )  # fmt: skip
 """The ``reason`` of ``switchyard_requests_total``: ``ok`` (a backend's 2xx answer served
 whole, the only outcome the latency histograms observe), the router's own rejections, and

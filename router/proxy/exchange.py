@@ -20,6 +20,7 @@ from common.sse import StreamFigures, StreamMeter
 from policies.base import Policy
 from policies.types import Outcome, RequestInfo
 from router.control.admission import QueueRejected, Saturated
+from router.proxy.drain import CODE as DRAIN_CODE
 from router.proxy.relay import CLIENT_CLOSED
 from router.proxy.state import RouterState
 from router.proxy.upstream import UpstreamFault, answer_reason
@@ -50,6 +51,8 @@ def rejection_reason(exc: RouterError) -> str:
     """Why the router answered ``exc`` (a reason of router.observe.metrics.REQUEST_REASONS)."""
     if isinstance(exc, UpstreamFault):
         return exc.reason
+    if exc.code == DRAIN_CODE:
+        return "shutting_down"
     if isinstance(exc, (Saturated, QueueRejected)):
         return "overloaded"
     return _REJECTED.get(exc.status, "internal")

@@ -22,6 +22,7 @@ from router.control.admission import Saturated
 from router.control.auth import Lease, Tenant
 from router.control.classify import Parsed, classify
 from router.proxy.body import OFFLOAD_BYTES, upstream_body
+from router.proxy.drain import Ticket, shutting_down
 from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, failed_answer, relay
 from router.proxy.state import RouterState
@@ -58,7 +59,9 @@ async def handle(
     extra = {"X-Request-Id": rid, "X-Switchyard-Policy": default.name}
     opened: Opened | None = None
     lease: Lease | None = None
+    ticket: Ticket | None = None
     try:
+        ticket = state.drain.enter()
         tenant = request[TENANT] if TENANT in request else state.gate.identify(request.headers)
         ex.tenant = tenant.capture_id if tenant is not None else None
         ex.policy = policy = _policy(request, state, tenant)
@@ -96,6 +99,7 @@ async def handle(
             failover=state.config.failover,
             on_failover=lambda name: state.metrics.failover(policy.name, name),
         )
+        ticket.conn = opened.conn  # from here the drain cuts by aborting the upstream
         ex.backend = extra["X-Switchyard-Backend"] = opened.target.backend.name
         ex.failovers = opened.failovers
         # TPOT comes from the usage figures, so the meter stops looking for content after the
@@ -119,7 +123,8 @@ async def handle(
         if relayed.backend_fault:
             opened.lease.failed()  # a stalled or misbehaving engine counts toward ejection
         if relayed.error is not None:
-            ex.error, ex.reason = relayed.error, "upstream_broken"
+            ex.error = relayed.error
+            ex.reason = "shutting_down" if ticket.cut else "upstream_broken"
             state.metrics.stream_aborted(policy.name, ex.backend, info.request_class)
         return relayed.response
     except UpstreamFault as exc:  # from relay: the answer must not reach the client as sent
@@ -136,6 +141,11 @@ async def handle(
         ex.backend = extra["X-Switchyard-Backend"] = exc.last.backend
         return _failed(exc, extra, ex)
     except asyncio.CancelledError:  # handler_cancellation: the client went away
+        if ticket is not None and ticket.cut:  # ...or the drain's deadline, before any answer
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            refusal = shutting_down()
+            ex.refused(refusal)
+            return error_response(refusal, extra)
         meter = ex.meter
         if meter is not None and meter.done:
             # ...after [DONE] had been passed on: the stream was served whole.
@@ -150,6 +160,8 @@ async def handle(
         log.exception("request %s failed inside the router", rid)
         return error_response(RouterError(500, "internal router error", code="internal"), extra)
     finally:
+        if ticket is not None:
+            state.drain.leave(ticket)
         if opened is not None:
             # Kept for reuse only if read to the end; else closed, which frees the engine's
             # slot at once (a client that went away mid-stream).

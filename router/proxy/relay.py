@@ -26,6 +26,7 @@ from multidict import CIMultiDict
 from common.sse import StreamMeter
 from router.proxy.body import OFFLOAD_BYTES
 from router.proxy.connection import BodyTooLarge, Connection, UpstreamError
+from router.proxy.drain import CODE, ShuttingDown, shutting_down
 from router.proxy.upstream import (
     Failure,
     Opened,
@@ -156,11 +157,13 @@ async def relay(
     flow = flow_control(request)
     flow.attach(conn.pause, conn.resume)
     broken: str | None = None
-    code = "upstream_error"
+    code, status = "upstream_error", 502
     try:
         conn.stream(forward)
         try:
             await conn.finished()
+        except ShuttingDown as exc:  # the drain's deadline
+            broken, code, status = str(exc), CODE, 503
         except UpstreamError as exc:
             broken = str(exc)
         end = time.monotonic()
@@ -175,7 +178,7 @@ async def relay(
         else:
             # Bytes already reached the client, so no retry: end its stream with an error,
             # after whole events only (a held-back partial one is not sent).
-            forward.write(sse_error_event(broken, code))
+            forward.write(sse_error_event(broken, code, status))
         await out.write_eof()
     except ConnectionResetError:
         return Relayed(out, CLIENT_CLOSED, None)
@@ -195,6 +198,8 @@ async def _whole(
     conn, head, backend = opened.conn, opened.head, opened.target.backend.name
     try:
         body = await conn.read(limit, truncate=False)
+    except ShuttingDown:
+        raise shutting_down() from None
     except BodyTooLarge:
         raise UpstreamFault(
             502,

@@ -16,6 +16,7 @@ from router.control.slo import SloTable
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
 from router.proxy.connection import ConnectionPool
+from router.proxy.drain import Drain
 from router.proxy.shadow import Shadows
 
 
@@ -36,6 +37,8 @@ class RouterState:
     admission: Admission
     shadows: Shadows
     slo: SloTable = field(default_factory=dict)
+    drain: Drain = field(default_factory=Drain)
+    """The open requests, for SIGTERM's drain."""
     capture: CaptureWriter | None = None
     """The capture writer, when the config captures."""
     on_finish: list[Callable[[str, float | None], None]] = field(default_factory=list)

@@ -78,7 +78,9 @@ def error_response(exc: RouterError, headers: dict[str, str] | None = None) -> w
     )
 
 
-def sse_error_event(message: str, code: str = "upstream_error") -> bytes:
-    """The SSE event that ends a stream the upstream broke after bytes reached the client."""
-    doc = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+def sse_error_event(message: str, code: str = "upstream_error", status: int = 502) -> bytes:
+    """The SSE event that ends a stream broken after bytes reached the client (by the
+    upstream, or by the drain's deadline: ``status`` 503), then ``data: [DONE]``."""
+    kind = _TYPES.get(status, "server_error")
+    doc = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     return b"data: " + orjson.dumps(doc) + b"\n\ndata: [DONE]\n\n"
