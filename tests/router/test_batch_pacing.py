@@ -1,0 +1,64 @@
+"""The batch window's AIMD on the interactive TTFT (router.batch.pacing), step by step."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.batch import pacing
+from router.batch.pacing import Pacer
+from router.config.model import BatchSettings
+
+SETTINGS = BatchSettings(max_concurrency=20, min_concurrency=2, initial_concurrency=4, headroom=0.5)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(pacing.time, "monotonic", lambda: now[0])
+    return now
+
+
+def step(pacer: Pacer, clock: list[float], wanting: bool = True) -> int:
+    clock[0] += pacing.PERIOD
+    pacer.adjust(wanting)
+    return pacer.window
+
+
+def test_without_an_slo_the_window_is_the_budget(clock: list[float]) -> None:
+    pacer = Pacer(SETTINGS, None)
+    assert pacer.window == 20
+    pacer.refused()
+    assert step(pacer, clock) == 20
+
+
+def test_grows_while_interactive_ttft_holds_and_lines_want_more(clock: list[float]) -> None:
+    pacer = Pacer(SETTINGS, slo_ttft=1.0)
+    assert pacer.window == 4
+    for _ in range(10):
+        pacer.observe("interactive", 0.2)  # under headroom x SLO = 0.5 s
+    assert [step(pacer, clock) for _ in range(4)] == [5, 6, 7, 8]
+    assert step(pacer, clock, wanting=False) == 8  # nothing waiting: no reason to grow
+    assert max(step(pacer, clock) for _ in range(60)) == 20  # never past the ceiling
+
+
+def test_halves_when_interactive_p95_passes_the_target(clock: list[float]) -> None:
+    pacer = Pacer(SETTINGS, slo_ttft=1.0)
+    pacer.limit = 16.0
+    for ttft in [0.1] * 18 + [0.9, 0.9]:  # P95 of 20 samples: the 19th, 0.9 s > 0.5 s
+        pacer.observe("interactive", ttft)
+    pacer.observe("batch", 30.0)  # batch TTFTs do not count
+    assert step(pacer, clock) == 8
+    assert step(pacer, clock) == 4
+    assert step(pacer, clock) == 2
+    assert step(pacer, clock) == 2  # never under the floor
+    clock[0] += pacing.WINDOW  # the slow answers age out of the window: growth resumes
+    assert step(pacer, clock) == 3
+
+
+def test_few_samples_are_no_signal_and_refusals_halve(clock: list[float]) -> None:
+    pacer = Pacer(SETTINGS, slo_ttft=1.0)
+    for _ in range(pacing.MIN_SAMPLES - 1):
+        pacer.observe("interactive", 5.0)
+    assert step(pacer, clock) == 5
+    pacer.refused()
+    assert step(pacer, clock) == 2
