@@ -14,7 +14,7 @@ SETTINGS = BatchSettings(max_concurrency=20, min_concurrency=2, initial_concurre
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [1000.0]
-    monkeypatch.setattr(pacing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("router.batch.pacing.time.monotonic", lambda: now[0])
     return now
 
 
