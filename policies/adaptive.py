@@ -13,9 +13,11 @@
   priority-capable replicas carry ``Decision.priority`` (a low priority) so the engine
   schedules interactive work first; their prefill then delays an interactive request by at
   most one prefill budget instead of a whole prompt.
-* Inside a pool: the session/prefix home (bounded-load rendezvous hashing), then shortest
-  predicted TTFT. The ranking always holds every healthy candidate (pools in preference
-  order, then any backend of another engine kind); no healthy candidate: empty ranking.
+* Inside a pool: the replica the router last sent most of the prompt's head to, while it is
+  not saturated (the cache-aware index and gate of ``policies/prefix.py``), else the
+  session/prefix home (bounded-load rendezvous hashing), then shortest predicted TTFT. The
+  ranking always holds every healthy candidate (pools in preference order, then any backend
+  of another engine kind); no healthy candidate: empty ranking.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from policies.predictor import (
     read_predictor,
     read_tpot,
 )
+from policies.prefix import DEFAULT_IMBALANCE, PrefixIndex
 from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo, Slo
 
 # How fast the typical interactive prompt size (used for the headroom check) follows traffic.
@@ -136,6 +139,8 @@ class AdaptivePolicy:
     """Per backend, its open spilled requests (request id -> prompt tokens), oldest first."""
     _where: dict[str, str] = field(default_factory=dict)
     """Request id -> the backend it was spilled to."""
+    cache: PrefixIndex = field(default_factory=PrefixIndex)
+    """Where prompt prefixes were sent, to keep a request on its cache-warm replica."""
 
     @property
     def slo(self) -> Mapping[RequestClass, Slo]:
@@ -161,32 +166,41 @@ class AdaptivePolicy:
         }
         key = affinity_key(req)
         low = self._order(
-            [c for c in healthy if c.engine in self.settings.low_ttft], predicted, key
+            req, [c for c in healthy if c.engine in self.settings.low_ttft], predicted, key
         )
         high = self._order(
-            [c for c in healthy if c.engine in self.settings.high_throughput], predicted, key
+            req, [c for c in healthy if c.engine in self.settings.high_throughput], predicted, key
         )
         pooled = self.settings.low_ttft | self.settings.high_throughput
-        rest = self._order([c for c in healthy if c.engine not in pooled], predicted, key)
+        rest = self._order(req, [c for c in healthy if c.engine not in pooled], predicted, key)
+        priority = None
         if req.request_class == "interactive":
             ranked = self._interactive(req, low, high, ahead) + rest
-            return Decision(tuple(c.name for c in ranked), scores=predicted)
-        target = self._spill_target(req, low, high, ahead, predicted)
-        if target is None:
+        elif (target := self._spill_target(req, low, high, ahead, predicted)) is None:
             ranked = high + low + rest
-            return Decision(tuple(c.name for c in ranked), scores=predicted)
-        self._note_spill(req, target.name)
-        ranked = [target] + high + [c for c in low if c is not target] + rest
-        priority = self.settings.spill.priority if target.priority_capable else None
+        else:
+            self._note_spill(req, target.name)
+            ranked = [target] + high + [c for c in low if c is not target] + rest
+            priority = self.settings.spill.priority if target.priority_capable else None
+        if ranked:
+            self.cache.record(ranked[0].name, req.prefix_blocks)
         return Decision(tuple(c.name for c in ranked), priority=priority, scores=predicted)
 
     def _order(
-        self, pool: list[Candidate], predicted: dict[str, float], key: bytes | None
+        self,
+        req: RequestInfo,
+        pool: list[Candidate],
+        predicted: dict[str, float],
+        key: bytes | None,
     ) -> list[Candidate]:
-        """Shortest predicted TTFT first, with the affinity home (if any) ahead of all."""
+        """Shortest predicted TTFT first, with the cache-warm replica (policies/prefix.py),
+        else the affinity home (if any), ahead of all."""
         pool.sort(key=lambda c: predicted[c.name])
-        if key is not None and len(pool) > 1:
-            target = home(key, pool, self.settings.load_bound)
+        if len(pool) > 1:
+            warm = self.cache.warmest(req, pool, DEFAULT_IMBALANCE)
+            target = warm.name if warm is not None else None
+            if target is None and key is not None:
+                target = home(key, pool, self.settings.load_bound)
             pool.sort(key=lambda c: c.name != target)
         return pool
 
@@ -304,6 +318,8 @@ class AdaptivePolicy:
         self.tpot.observe(req, backend, outcome)
         self.pace.observe(req, backend, outcome)
         self._forget_spill(req.request_id)
+        if outcome.ok:
+            self.cache.record(backend, req.prefix_blocks)
         if req.request_class != "interactive" or not req.stream:
             return  # a non-streamed response has no observable TTFT
         if req.prompt_tokens:
@@ -373,4 +389,6 @@ def make_adaptive(name: str, p: Reader, ctx: BuildContext) -> AdaptivePolicy:
     tpot = read_tpot(p, ctx, predictor.alpha)
     p.done()
     engines = {b.name: b.engine for b in ctx.backends}
-    return AdaptivePolicy(name, settings, predictor, tpot, PaceTracker(predictor.alpha), engines)
+    pace = PaceTracker(predictor.alpha)
+    cache = PrefixIndex(backends=frozenset(engines))
+    return AdaptivePolicy(name, settings, predictor, tpot, pace, engines, cache=cache)

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import TypeVar, cast
 
 from common.schema import Errors, Reader, join, unknown
-from policies import adaptive, filters, pickers, scorers
+from policies import adaptive, filters, pickers, prefix, scorers
 from policies.base import Filter, NullObserver, Picker, PipelineObserver, Policy, Scorer
 from policies.params import BuildContext, class_orders
 from policies.pipeline import PipelinePolicy
@@ -95,6 +95,13 @@ def _least_outstanding(name: str, p: Reader, ctx: BuildContext) -> Policy:
     )
 
 
+def _cache_aware(name: str, p: Reader, ctx: BuildContext) -> Policy:
+    index, imbalance = prefix.read_index(p, ctx)
+    subset = _subset(p, ctx)
+    p.done()
+    return prefix.CacheAwarePolicy(name, index, imbalance, subset)
+
+
 def _pinned(name: str, p: Reader, ctx: BuildContext) -> Policy:
     backend, engine = p.string("backend"), p.string("engine")
     p.done()
@@ -135,6 +142,7 @@ SCORERS: Mapping[str, PluginFactory[Scorer]] = MappingProxyType(
         "class-affinity": scorers.make_class_affinity,
         "predicted-ttft": scorers.make_predicted_ttft,
         "session-affinity": scorers.make_session_affinity,
+        "cache-aware": prefix.make_cache_aware,
     }
 )
 PICKERS: Mapping[str, PluginFactory[Picker]] = MappingProxyType(
@@ -232,6 +240,7 @@ POLICY_TYPES: Mapping[str, PolicyFactory] = MappingProxyType(
         "class-split": _class_split,
         "round-robin": _round_robin,
         "least-outstanding": _least_outstanding,
+        "cache-aware": _cache_aware,
         "pinned": _pinned,
         "pipeline": _pipeline,
         "adaptive": adaptive.make_adaptive,

@@ -46,6 +46,7 @@ def make_request(
     stream: bool = True,
     session_key: str | None = None,
     prefix_hash: int | None = None,
+    prefix_blocks: tuple[int, ...] = (),
 ) -> RequestInfo:
     """A chat request of the given class."""
     return RequestInfo(
@@ -58,4 +59,5 @@ def make_request(
         max_tokens=max_tokens,
         session_key=session_key,
         prefix_hash=prefix_hash,
+        prefix_blocks=prefix_blocks,
     )

@@ -28,6 +28,8 @@ class RequestInfo:
     """Session/affinity key (a session header), when the client sent one."""
     prefix_hash: int | None = None
     """Hash of the prompt's leading block, for prefix-cache affinity."""
+    prefix_blocks: tuple[int, ...] = ()
+    """Hash chain of the prompt text's blocks, for cache-aware routing (policies/prefix.py)."""
 
     @property
     def expected_output_tokens(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from common.tokens import count_chat, count_text, message_text
+from policies.prefix import prompt_blocks
 from policies.types import REQUEST_CLASSES, Endpoint, RequestClass, RequestInfo
 from router.config.model import ClassificationSettings, Rule
 from router.server.errors import RouterError
@@ -147,6 +148,7 @@ def classify(
         max_tokens=max_tokens,
         session_key=session_key,
         prefix_hash=zlib.crc32(text[:_PREFIX_CHARS].encode()) if text else None,
+        prefix_blocks=prompt_blocks(text),
     )
     cls = choose_class(info, doc, header_class, key_class, settings)
     opts = doc.get("stream_options") or {}

@@ -1,0 +1,133 @@
+"""Cache-aware routing on candidate snapshots: the block chain, the index, the load gate."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.adaptive import AdaptivePolicy
+from policies.prefix import BLOCK_CHARS, CacheAwarePolicy, PrefixIndex, prompt_blocks
+from policies.registry import PolicyConfigError, build_policy
+from policies.testing import make_candidate, make_request
+from policies.types import BackendInfo, Candidate, Outcome, RequestInfo
+
+NAMES = ("a", "b", "c")
+BACKENDS = [BackendInfo(n, "vllm") for n in NAMES]
+OK = Outcome(200, True)
+FAILED = Outcome(503, False)
+SHARED = "system prompt shared by a whole tenant. " * 40  # 1,600 characters: 6 blocks
+
+
+def request(text: str, request_id: str = "r") -> RequestInfo:
+    return make_request(request_id=request_id, prefix_blocks=prompt_blocks(text))
+
+
+def cands(*loads: int, saturated: str | None = None) -> list[Candidate]:
+    loads = loads or (0,) * len(NAMES)
+    return [
+        make_candidate(n, "vllm", inflight=x, max_inflight=x if n == saturated else None)
+        for n, x in zip(NAMES, loads, strict=True)
+    ]
+
+
+def cache_aware(**params: object) -> CacheAwarePolicy:
+    policy = build_policy("ca", "cache-aware", params, BACKENDS)
+    assert isinstance(policy, CacheAwarePolicy)
+    return policy
+
+
+def test_block_chain_covers_full_blocks_and_names_prefixes() -> None:
+    one = prompt_blocks(SHARED + "first question " * 20)
+    two = prompt_blocks(SHARED + "second, much longer question " * 20)
+    assert len(one) == len(SHARED + "first question " * 20) // BLOCK_CHARS == 7
+    shared = len(SHARED) // BLOCK_CHARS
+    assert one[:shared] == two[:shared] and one[shared:] != two[shared : len(one)]
+    # A different first block changes every hash after it, even over equal text.
+    other = prompt_blocks("x" * BLOCK_CHARS + SHARED[BLOCK_CHARS:])
+    assert not set(other) & set(one)
+    assert prompt_blocks("short") == ()
+
+
+def test_index_forgets_least_recently_routed_and_the_tail_before_the_head() -> None:
+    index = PrefixIndex(capacity=8, backends=NAMES)
+    first, second = prompt_blocks("a" * 1600), prompt_blocks("b" * 1600)
+    index.record("a", first)
+    index.record("a", second)  # 12 blocks routed, 8 kept: first's tail went
+    assert index.matched("a", first) == 2 and index.matched("a", second) == 6
+    index.record("a", first[:2])  # first's head used again: now second's tail goes first
+    index.record("a", prompt_blocks("c" * 512))
+    assert index.matched("a", first) == 2 and index.matched("a", second) == 4
+    index.record("nobody", first)  # not a configured backend: ignored, memory stays bounded
+    assert index.size("nobody") == 0 and index.size("a") == 8
+
+
+def test_sticks_to_the_warm_backend_until_it_is_saturated_then_spreads() -> None:
+    policy = cache_aware(max_imbalance=3)
+    # Cold: the least loaded backend, which the policy then remembers at once.
+    first = policy.choose(request(SHARED + "q1"), cands(2, 0, 1)).ranked
+    assert first == ("b", "c", "a")
+    assert policy.choose(request(SHARED + "q2"), cands(0, 2, 0)).ranked[0] == "b"
+    # Busier than the least busy by max_imbalance: spread to the least loaded.
+    spread = policy.choose(request(SHARED + "q3"), cands(1, 4, 2))
+    assert spread.ranked == ("a", "c", "b")
+    assert (spread.scores["b"], spread.scores["a"]) == (1.0, 0.0)
+    # Both now hold the prefix; the less loaded of them wins, the cold one is last.
+    assert policy.choose(request(SHARED + "q4"), cands(2, 1, 0)).ranked == ("b", "a", "c")
+    assert (
+        policy.choose(
+            request(SHARED + "q5"),
+            cands(0, 0, 0),
+        ).ranked[0]
+        == "a"
+    )
+    # A backend at its max_inflight is closed to stickiness.
+    assert policy.choose(request(SHARED + "q6"), cands(1, 1, 0, saturated="a")).ranked[0] == "b"
+
+
+def test_learns_where_requests_were_served_not_where_they_failed() -> None:
+    policy = cache_aware()
+    req = request(SHARED + "question")
+    policy.on_finish(req, "c", FAILED)
+    assert policy.index.matched("c", req.prefix_blocks) == 0
+    policy.on_finish(req, "c", OK)  # served by c (say after a failover): c holds it now
+    assert policy.index.matched("c", req.prefix_blocks) == 6
+    assert policy.choose(request(SHARED + "again"), cands(0, 0, 1)).ranked[0] == "c"
+
+
+def test_unhealthy_backends_and_the_backends_param() -> None:
+    policy = cache_aware(backends=["b", "c"])
+    ranked = policy.choose(request(SHARED), cands()).ranked
+    assert set(ranked) == {"b", "c"}
+    down = [make_candidate(n, "vllm", healthy=False) for n in NAMES]
+    assert policy.choose(request(SHARED), down).ranked == ()
+    with pytest.raises(PolicyConfigError) as err:
+        build_policy("ca", "cache-aware", {"max_imbalance": 0, "backends": ["z"]}, BACKENDS)
+    paths = [path for path, _ in err.value.errors]
+    assert paths == ["params.max_imbalance", "params.backends[0]"]
+
+
+def test_as_a_pipeline_scorer() -> None:
+    params = {
+        "scorers": [{"type": "cache-aware", "params": {"max_imbalance": 2}}, "least-requests"]
+    }
+    policy = build_policy("p", "pipeline", params, BACKENDS)
+    req = request(SHARED + "q")
+    policy.on_finish(req, "c", OK)
+    assert policy.choose(request(SHARED + "q2"), cands(1, 1, 1)).ranked[0] == "c"
+    assert policy.choose(request(SHARED + "q3"), cands(0, 0, 2)).ranked[0] != "c"  # gated
+    assert policy.choose(request("x" * 2000), cands(1, 0, 1)).ranked[0] == "b"  # cold
+
+
+def test_adaptive_keeps_a_request_on_its_cache_warm_replica_in_the_pool() -> None:
+    backends = [BackendInfo(n, "vllm") for n in NAMES] + [BackendInfo("d", "deepinfer")]
+    params = {"low_ttft": ["vllm"], "high_throughput": ["deepinfer"]}
+    policy = build_policy("ad", "adaptive", params, backends)
+    assert isinstance(policy, AdaptivePolicy)
+    pool = [*cands(0, 0, 0), make_candidate("d", "deepinfer")]
+    first = policy.choose(request(SHARED + "q1"), pool).ranked[0]
+    loaded = [
+        make_candidate(
+            n, "vllm", inflight=1 if n == first else 0, prompt_tokens=5000 * (n == first)
+        )
+        for n in NAMES
+    ] + [make_candidate("d", "deepinfer")]
+    assert policy.choose(request(SHARED + "q2"), loaded).ranked[0] == first
