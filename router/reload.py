@@ -7,7 +7,8 @@ error and the running config stays. In-flight requests keep the objects they sta
 
 What a reload can change: policies (unchanged ones keep their learned state), the default
 policy, the policy header switch, API keys and their limits, classification, timeouts,
-failover, aliases, and each backend's models, ``max_inflight`` and ``priority_capable``.
+failover, aliases, the access log, and each backend's models, ``max_inflight`` and
+``priority_capable``.
 Adding, removing or re-pointing backends, and the ``health``, ``capture``, ``limits``,
 ``shutdown``, ``admission`` and ``shadow`` sections, take a restart; a reload that changes
 them is refused, as is a new ``listen.max_body_bytes``; ``listen.host``/``port`` stay as

@@ -42,18 +42,19 @@ def start_process(
     ready_line_prefix: str,
     timeout: float = 20.0,
     grace: float = 5.0,
+    lines: list[str] | None = None,
 ) -> Iterator[Process]:
     """Start ``argv``; wait up to ``timeout`` s for a stdout line ``PREFIX http://HOST:PORT``.
 
     Stdout after the ready line is copied to our stderr by a thread, so a chatty child never
-    blocks on a full pipe. The process is always terminated, then killed after ``grace``
-    seconds.
+    blocks on a full pipe; with ``lines``, each whole line is also appended there. The
+    process is always terminated, then killed after ``grace`` seconds.
     """
     proc = subprocess.Popen(list(argv), cwd=ROOT, stdout=subprocess.PIPE)
     drain: threading.Thread | None = None
     try:
         url = _wait_ready(proc, ready_line_prefix, timeout)
-        drain = threading.Thread(target=_copy_to_stderr, args=(proc,), daemon=True)
+        drain = threading.Thread(target=_copy_to_stderr, args=(proc, lines), daemon=True)
         drain.start()
         yield Process(url=url, proc=proc)
     finally:
@@ -70,11 +71,15 @@ def start_process(
             proc.stdout.close()
 
 
-def _copy_to_stderr(proc: subprocess.Popen[bytes]) -> None:
+def _copy_to_stderr(proc: subprocess.Popen[bytes], lines: list[str] | None) -> None:
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
+    rest = b""
     while data := os.read(fd, 65536):
         sys.stderr.write(data.decode(errors="replace"))
+        if lines is not None:
+            *whole, rest = (rest + data).split(b"\n")
+            lines.extend(w.decode(errors="replace") for w in whole)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str:

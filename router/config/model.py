@@ -137,6 +137,15 @@ class LimitSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AccessLogSettings:
+    """One JSON line per finished request on stdout (router.observe.access)."""
+
+    enabled: bool = True
+    sample: float = 1.0
+    """Share of requests logged, drawn at random per request."""
+
+
+@dataclass(frozen=True, slots=True)
 class ShutdownSettings:
     drain_seconds: float = 30.0
     """On SIGTERM, how long in-flight requests may take to finish before being cut."""
@@ -308,6 +317,7 @@ class RouterConfig:
     failover: FailoverSettings = FailoverSettings()
     health: HealthSettings = HealthSettings()
     capture: CaptureSettings | None = None
+    access_log: AccessLogSettings = AccessLogSettings()
     limits: LimitSettings = LimitSettings()
     shutdown: ShutdownSettings = ShutdownSettings()
     admission: AdmissionSettings = AdmissionSettings()

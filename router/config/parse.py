@@ -22,6 +22,7 @@ from router.config.model import (
     DEFAULT_CAPTURE_HEADERS,
     ENDPOINTS,
     REDACTIONS,
+    AccessLogSettings,
     AdmissionSettings,
     AnonymousLimits,
     ApiKeySpec,
@@ -107,6 +108,7 @@ def parse_document(doc: object, errors: Errors) -> RouterConfig:
         failover=_failover(top.child("failover")),
         health=_health(top.child("health")),
         capture=_capture(top.child("capture")) if top.raw_value("capture") is not None else None,
+        access_log=_access_log(top.child("access_log")),
         admission=_admission(top.child("admission")),
         limits=_limits(top.child("limits")),
         shutdown=_shutdown(top.child("shutdown")),
@@ -455,6 +457,14 @@ def _anonymous(m: Reader) -> AnonymousLimits:
         requests_per_minute=m.integer("requests_per_minute", None, low=1),
         tokens_per_minute=m.integer("tokens_per_minute", None, low=1),
         max_concurrency=m.integer("max_concurrency", None, low=1),
+    )
+    m.done()
+    return out
+
+
+def _access_log(m: Reader) -> AccessLogSettings:
+    out = AccessLogSettings(
+        enabled=m.flag("enabled", True), sample=m.number("sample", 1.0, low=0.0, high=1.0)
     )
     m.done()
     return out

@@ -33,6 +33,8 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
+_ANSWERED = frozenset({"ok", "client_closed", "upstream_broken"})  # a 2xx answer had begun
+_MAX_MODEL = 200  # characters of a (client-given) model name in an access line
 # The reason of a rejection the router itself answered, by its status (see REQUEST_REASONS).
 _REJECTED = {
     400: "invalid",
@@ -143,6 +145,10 @@ class Exchange:
         )
         for watch in state.on_finish:
             watch(self.request_class, ttft)
+        if state.access_log.wanted(state.config.access_log):
+            # A TTFT is the first token of an answer, not of an engine's error body.
+            first = ttft if reason in _ANSWERED else None
+            state.access_log.write(self._access_line(reason, first, e2e, prompt, output))
         if self.meter is not None:
             for kind, count in self.meter.protocol_errors.items():
                 state.metrics.protocol_errors(backend, kind, count)
@@ -164,6 +170,36 @@ class Exchange:
             state.metrics.slo(policy.name, info.request_class, met)
         if state.capture is not None:
             state.capture.record(self)
+
+    def _access_line(
+        self,
+        reason: str,
+        ttft: float | None,
+        e2e: float,
+        prompt: int | None,
+        output: int | None,
+    ) -> dict[str, object]:
+        """The access log's line: who, how it was routed, how it ended, how long it took.
+        Never the body nor a key (the tenant is the keyed hash the capture uses)."""
+        info = self.info
+        return {
+            "ts": iso_utc(self.arrival_wall),
+            "request_id": self.request_id,
+            "tenant": self.tenant,
+            "path": self.path,
+            "model": info.model[:_MAX_MODEL] if info is not None else None,
+            "stream": info.stream if info is not None else None,
+            "class": self.request_class,
+            "policy": self.policy.name,
+            "backend": self.backend,
+            "attempts": 0 if self.backend is None else self.failovers + 1,
+            "status": self.status,
+            "reason": reason,
+            "ttft_ms": _ms(ttft),
+            "e2e_ms": _ms(e2e),
+            "prompt_tokens": prompt,
+            "completion_tokens": output,
+        }
 
     def capture_record(self, t0: float) -> CaptureRecord:
         """The request as a capture line's record, before redaction (offsets from ``t0``)."""

@@ -13,6 +13,7 @@ from router.config.model import RouterConfig
 from router.control.admission import Admission
 from router.control.auth import Gate
 from router.control.slo import SloTable
+from router.observe.access import AccessLog
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
 from router.proxy.connection import ConnectionPool
@@ -41,6 +42,7 @@ class RouterState:
     """The open requests, for SIGTERM's drain."""
     capture: CaptureWriter | None = None
     """The capture writer, when the config captures."""
+    access_log: AccessLog = field(default_factory=AccessLog)
     on_finish: list[Callable[[str, float | None], None]] = field(default_factory=list)
     """Told each finished request's class and TTFT (the batch executor's pacing)."""
     _session: aiohttp.ClientSession | None = None

@@ -14,6 +14,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -101,7 +102,9 @@ def spawn_ready(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``argv``; wait (bounded) for its stdout line ``PREFIX URL``; return both.
 
-    The child gets SIGTERM should this process die first. On failure it is killed.
+    The child gets SIGTERM should this process die first. On failure it is killed. What it
+    writes to stdout after that line (a router's access log) is read and dropped by a thread,
+    so that it never blocks on a full pipe.
     """
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
     assert proc.stdout is not None
@@ -118,9 +121,18 @@ def spawn_ready(
                 buf += data
                 for line in buf.decode(errors="replace").splitlines():
                     if line.startswith(ready_prefix):
+                        threading.Thread(target=_discard, args=(fd,), daemon=True).start()
                         return proc, line[len(ready_prefix) :].strip()
         raise RuntimeError(f"{argv[:4]} not ready after {timeout} s")
     except BaseException:
         proc.kill()
         proc.wait()
         raise
+
+
+def _discard(fd: int) -> None:
+    try:
+        while os.read(fd, 65536):
+            pass
+    except OSError:  # closed by stop_all
+        pass

@@ -6,12 +6,15 @@ scripted mix of requests through the official client and raw HTTP: served ones, 
 own rejections (key, quota, overload, size, bad JSON, unknown model), the engines' errors,
 a stream broken by its engine and one its client left. Then ``/metrics`` must count each
 outcome by code and reason exactly as sent, while the latency histograms hold the served
-requests and nothing else.
+requests and nothing else; and the router's stdout must hold one access line per request
+that says the same, with neither a key nor the prompt in it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -28,7 +31,12 @@ from tests.router.harness import base_config, get, post, start_router, write_con
 MODEL = "deepseek-v4.1-flash"
 KEY = "sk-outcomes-main-3f9a"
 TINY = "sk-outcomes-tiny-77c1"
-CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+PROMPT = "tangerine walrus recites the quarterly numbers"
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": PROMPT}]
+REQUEST_ID = "outcomes-req-1"
+ACCESS_FIELDS = {"ts", "request_id", "tenant", "path", "model", "stream", "class", "policy",
+                 "backend", "attempts", "status", "reason", "ttft_ms", "e2e_ms",
+                 "prompt_tokens", "completion_tokens"}  # fmt: skip
 MAX_BODY = 8192
 OK, TOTAL = "ok", "switchyard_requests_total"
 HISTOGRAMS = (
@@ -44,6 +52,12 @@ class Run:
 
     sent: Counter[tuple[str, str]]
     samples: dict[str, list[tuple[dict[str, str], float]]]
+    stdout: list[str]
+    """Every line the router wrote to stdout after its ready line."""
+
+    @property
+    def access(self) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.stdout if line.startswith("{")]
 
 
 def client(
@@ -80,9 +94,13 @@ def send_mix(url: str) -> Counter[tuple[str, str]]:
     sent: Counter[tuple[str, str]] = Counter()
     auth = {"Authorization": f"Bearer {KEY}", "X-Switchyard-Policy": "good-only"}
     with client(url) as c:
-        for _ in range(3):
+        for i in range(3):
             stream = c.chat.completions.create(
-                model=MODEL, messages=CHAT, max_tokens=4, stream=True
+                model=MODEL,
+                messages=CHAT,
+                max_tokens=4,
+                stream=True,
+                extra_headers={"X-Request-Id": REQUEST_ID} if i == 0 else None,
             )
             assert "".join(k.choices[0].delta.content or "" for k in stream if k.choices)
             sent["200", OK] += 1
@@ -156,15 +174,20 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             {"name": "tiny", "sha256": hashlib.sha256(TINY.encode()).hexdigest(),
              "requests_per_minute": 1},
         ]  # fmt: skip
-        with start_router(write_config(tmp_path_factory.mktemp("outcomes"), doc)) as router:
+        stdout: list[str] = []
+        path = write_config(tmp_path_factory.mktemp("outcomes"), doc)
+        with start_router(path, lines=stdout) as router:
             sent = send_mix(router.url)
             deadline = time.monotonic() + 10
-            samples = scrape(router.url)
+            run = Run(sent, scrape(router.url), stdout)
             # The stream's client has gone; the router records it once it notices.
-            while outcomes(samples)["499", "client_closed"] < 1 and time.monotonic() < deadline:
+            while time.monotonic() < deadline and (
+                outcomes(run.samples)["499", "client_closed"] < 1
+                or len(run.access) < sum(sent.values())
+            ):
                 time.sleep(0.05)
-                samples = scrape(router.url)
-            yield Run(sent, samples)
+                run = Run(sent, scrape(router.url), stdout)
+            yield run
 
 
 def test_every_outcome_is_counted_by_code_and_reason(run: Run) -> None:
@@ -190,3 +213,41 @@ def test_rejection_series_exist_before_their_first_request(run: Run) -> None:
     }
     assert {("unknown", "401", "auth"), ("interactive", "429", "overloaded"),
             ("batch", "503", "no_backend")} <= zero  # fmt: skip
+
+
+def test_one_access_line_per_request_says_how_it_ended(run: Run) -> None:
+    lines = run.access
+    assert all(set(line) == ACCESS_FIELDS for line in lines)
+    assert Counter((str(x["status"]), x["reason"]) for x in lines) == run.sent
+    (first,) = [x for x in lines if x["request_id"] == REQUEST_ID]
+    assert first["backend"] == "good" and first["policy"] == "good-only"
+    assert first["class"] == "interactive" and first["stream"] is True
+    assert first["model"] == MODEL and first["path"] == "/v1/chat/completions"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", str(first["ts"]))
+    for x in lines:
+        if x["reason"] == OK:
+            assert x["attempts"] == 1 and x["backend"] == "good"
+            assert 0 < x["ttft_ms"] <= x["e2e_ms"]  # type: ignore[operator]
+            assert x["prompt_tokens"] and x["completion_tokens"]
+        elif x["backend"] is None:
+            assert x["attempts"] == 0 and x["ttft_ms"] is None
+    # An engine's error body is no first token.
+    assert all(x["ttft_ms"] is None for x in lines if x["reason"] == "upstream_rejected")
+
+
+def test_access_lines_name_tenants_by_hash_only(run: Run) -> None:
+    lines = run.access
+    tenants = {x["tenant"] for x in lines}
+    assert None in tenants  # the wrong keys: no tenant
+    hashes = tenants - {None}
+    assert len(hashes) == 2 and all(re.fullmatch(r"[0-9a-f]{16}", str(t)) for t in hashes)
+    text = "\n".join(run.stdout)
+    for secret in (
+        KEY,
+        TINY,
+        "sk-wrong",
+        "sk-also-wrong",
+        "tangerine",
+        hashlib.sha256(KEY.encode()).hexdigest(),
+    ):
+        assert secret not in text

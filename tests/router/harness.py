@@ -50,13 +50,17 @@ def write_config(directory: Path, doc: dict[str, Any], name: str = "router.yaml"
 
 @contextlib.contextmanager
 def start_router(
-    config: Path | None, args: Sequence[str] = (), timeout: float = 30.0
+    config: Path | None,
+    args: Sequence[str] = (),
+    timeout: float = 30.0,
+    lines: list[str] | None = None,
 ) -> Iterator[Process]:
-    """``python -m router serve --port 0`` (the embedded default when ``config`` is None)."""
+    """``python -m router serve --port 0`` (the embedded default when ``config`` is None);
+    its stdout lines (the access log) go to ``lines`` if given."""
     argv = [sys.executable, "-m", "router", "serve", "--port", "0", *args]
     if config is not None:
         argv += ["--config", str(config)]
-    with start_process(argv, READY, timeout) as proc:
+    with start_process(argv, READY, timeout, lines=lines) as proc:
         yield proc
 
 

@@ -1,0 +1,65 @@
+"""The access log: one JSON line per finished request, on stdout.
+
+Written once per request when its record is finished (router.proxy.exchange), never per
+chunk: the line is serialised by orjson and written with one ``os.write``. A line is far below
+``PIPE_BUF``, so the lines of several workers sharing one stdout never interleave. What a line
+holds is chosen by its writer and is never a prompt, an answer or a key: the tenant appears
+only as the keyed hash the capture uses (router.control.auth.Tenant.capture_id).
+
+``access_log.sample`` draws each request at random; ``access_log.enabled: false`` writes
+nothing. Both are read per request from the live config, so a reload changes them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Mapping
+
+import orjson
+
+from router.config.model import AccessLogSettings
+
+log = logging.getLogger("router")
+STDOUT = 1
+
+
+def _printable(value: object) -> object:
+    """``value`` with text orjson refuses (lone surrogates, from a header that was not UTF-8)
+    replaced."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+class AccessLog:
+    """Writes access lines to a file descriptor (stdout unless a test says otherwise)."""
+
+    def __init__(self, fd: int = STDOUT, rng: random.Random | None = None) -> None:
+        self._fd = fd
+        self._rng = rng if rng is not None else random.Random()
+        self._failed = False
+
+    def wanted(self, settings: AccessLogSettings) -> bool:
+        """Whether this request is to be logged (draws the sample); the caller then builds the
+        line only when it is."""
+        if not settings.enabled:
+            return False
+        return settings.sample >= 1.0 or self._rng.random() < settings.sample
+
+    def write(self, line: Mapping[str, object]) -> None:
+        """Write ``line`` as one JSON line; a failed write is logged once, never raised (the
+        request's other bookkeeping must go on)."""
+        try:
+            data = orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        except TypeError:
+            data = orjson.dumps(
+                {k: _printable(v) for k, v in line.items()}, option=orjson.OPT_APPEND_NEWLINE
+            )
+        try:
+            os.write(self._fd, data)
+        except OSError as exc:
+            if not self._failed:
+                self._failed = True
+                log.warning("access log: cannot write to fd %d (%s); lines are lost", self._fd, exc)
