@@ -4,11 +4,17 @@ With an interactive TTFT SLO (the policies' goodput targets, router.control.slo)
 starts at ``initial_concurrency`` and, once per :data:`PERIOD`, while the lines want more than
 it allows:
 
-- grows by a tenth, at least one line (additive increase) while the interactive P95 TTFT of the last
-  :data:`WINDOW` seconds stays under ``headroom`` x its SLO (or there is no interactive
-  traffic to protect);
+- grows by a tenth, at least one line (additive increase) while the interactive P95 TTFT of
+  the last :data:`WINDOW` seconds stays under ``headroom`` x its SLO (or there is no
+  interactive traffic to protect);
 - halves (multiplicative decrease, not below ``min_concurrency``) when it does not, and when
   the router turned lines away (429 or saturation), which says the batch pool is full.
+
+The P95 counts only interactive requests served by a backend that also served batch requests
+in the last :data:`SHARED` seconds: a batch can only slow those down (the engine's slots and
+KV cache are what they share). Interactive traffic that is slow on a pool the batch never
+touches (class-split keeps them apart) is no reason to hold the batch back, and holding it
+back would not help it.
 
 Without any SLO the window is fixed at ``max_concurrency``: a plain concurrency budget.
 """
@@ -25,6 +31,8 @@ PERIOD = 1.0
 """Seconds between two adjustments."""
 WINDOW = 10.0
 """Seconds of interactive TTFTs the P95 is taken over."""
+SHARED = 60.0
+"""Seconds a backend counts as shared after it last answered a batch request."""
 MIN_SAMPLES = 5
 """Fewer interactive answers than this in the window are no signal (no decrease)."""
 _KEEP = 2048
@@ -37,7 +45,8 @@ class Pacer:
         """``slo_ttft``: the interactive TTFT target in seconds; None: a fixed budget."""
         self._settings = settings
         self._target = None if slo_ttft is None else slo_ttft * settings.headroom
-        self._ttfts: deque[tuple[float, float]] = deque(maxlen=_KEEP)
+        self._ttfts: deque[tuple[float, str, float]] = deque(maxlen=_KEEP)
+        self._batch_seen: dict[str, float] = {}
         self._refused = False
         self._last = time.monotonic()
         self.limit = float(
@@ -49,18 +58,24 @@ class Pacer:
         """Lines that may be in flight now."""
         return int(self.limit)
 
-    def observe(self, request_class: str, ttft: float | None) -> None:
-        """An answered request (any class; only interactive TTFTs count)."""
-        if request_class == "interactive" and ttft is not None:
-            self._ttfts.append((time.monotonic(), ttft))
+    def observe(self, request_class: str, backend: str, ttft: float | None) -> None:
+        """An answered request: a batch one marks its backend shared, an interactive one's
+        TTFT is a sample."""
+        now = time.monotonic()
+        if request_class == "batch":
+            self._batch_seen[backend] = now
+        elif request_class == "interactive" and ttft is not None:
+            self._ttfts.append((now, backend, ttft))
 
     def refused(self) -> None:
         """The router turned a line away (429, no free backend slot)."""
         self._refused = True
 
     def p95(self, now: float) -> float | None:
-        """The interactive P95 TTFT over the window; None with too few samples."""
-        recent = sorted(t for at, t in self._ttfts if at >= now - WINDOW)
+        """The P95 TTFT of the window's interactive requests on shared backends; None with
+        too few samples."""
+        shared = {b for b, at in self._batch_seen.items() if at >= now - SHARED}
+        recent = sorted(t for at, b, t in self._ttfts if at >= now - WINDOW and b in shared)
         if len(recent) < MIN_SAMPLES:
             return None
         return recent[min(len(recent) - 1, math.ceil(0.95 * len(recent)) - 1)]

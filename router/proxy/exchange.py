@@ -144,7 +144,7 @@ class Exchange:
             output_tokens=output,
         )
         for watch in state.on_finish:
-            watch(self.request_class, ttft)
+            watch(self.request_class, backend, ttft)
         if state.access_log.wanted(state.config.access_log):
             # A TTFT is the first token of an answer, not of an engine's error body.
             first = ttft if reason in _ANSWERED else None

@@ -43,8 +43,8 @@ class RouterState:
     capture: CaptureWriter | None = None
     """The capture writer, when the config captures."""
     access_log: AccessLog = field(default_factory=AccessLog)
-    on_finish: list[Callable[[str, float | None], None]] = field(default_factory=list)
-    """Told each finished request's class and TTFT (the batch executor's pacing)."""
+    on_finish: list[Callable[[str, str, float | None], None]] = field(default_factory=list)
+    """Told each finished request's class, backend and TTFT (the batch executor's pacing)."""
     _session: aiohttp.ClientSession | None = None
     _connections: ConnectionPool | None = None
 

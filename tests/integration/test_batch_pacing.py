@@ -1,7 +1,9 @@
-"""A batch runs while interactive traffic runs, under the adaptive policy's SLO (the small
-version of benchmarks/batch_api.py): it completes with one output line per custom_id, and
-its window follows the interactive TTFT: it shrinks towards the floor while interactive requests
-miss their SLO, and grows past its start while they meet it.
+"""A batch runs while interactive traffic runs (the small version of benchmarks/batch_api.py):
+it completes with one output line per custom_id, and its window follows the interactive TTFT:
+it shrinks towards the floor while interactive requests miss their SLO, and grows past its
+start while they meet it. Round-robin routes both classes to both engines, so every
+interactive request shares a backend with the batch (and counts); the SLO is the adaptive
+policy's, which every policy of the router is judged by.
 
 Which way the window goes depends only on which side of the SLO the interactive TTFTs are;
 the SLOs are set far on either side of what the emulators take, so no latency is asserted.
@@ -59,7 +61,7 @@ def test_the_window_follows_the_interactive_slo(
                 "slo": {"interactive": {"ttft_s": ttft_slo, "tpot_s": 600.0}},
             },
         }
-        doc["default_policy"] = "adaptive"
+        doc["default_policy"] = "round-robin"
         doc["batch"] = {
             "data_dir": str(tmp_path / "data"),
             "initial_concurrency": 4,

@@ -35,7 +35,7 @@ def test_grows_while_interactive_ttft_holds_and_lines_want_more(clock: list[floa
     pacer = Pacer(SETTINGS, slo_ttft=1.0)
     assert pacer.window == 4
     for _ in range(10):
-        pacer.observe("interactive", 0.2)  # under headroom x SLO = 0.5 s
+        pacer.observe("interactive", "vllm", 0.2)  # under headroom x SLO = 0.5 s
     assert [step(pacer, clock) for _ in range(4)] == [5, 6, 7, 8]
     assert step(pacer, clock, wanting=False) == 8  # nothing waiting: no reason to grow
     assert max(step(pacer, clock) for _ in range(60)) == 20  # never past the ceiling
@@ -44,9 +44,9 @@ def test_grows_while_interactive_ttft_holds_and_lines_want_more(clock: list[floa
 def test_halves_when_interactive_p95_passes_the_target(clock: list[float]) -> None:
     pacer = Pacer(SETTINGS, slo_ttft=1.0)
     pacer.limit = 16.0
+    pacer.observe("batch", "vllm", 30.0)  # the batch shares vllm (its TTFT does not count)
     for ttft in [0.1] * 18 + [0.9, 0.9]:  # P95 of 20 samples: the 19th, 0.9 s > 0.5 s
-        pacer.observe("interactive", ttft)
-    pacer.observe("batch", 30.0)  # batch TTFTs do not count
+        pacer.observe("interactive", "vllm", ttft)
     assert step(pacer, clock) == 8
     assert step(pacer, clock) == 4
     assert step(pacer, clock) == 2
@@ -55,10 +55,21 @@ def test_halves_when_interactive_p95_passes_the_target(clock: list[float]) -> No
     assert step(pacer, clock) == 3
 
 
+def test_only_interactive_requests_on_backends_the_batch_uses_count(clock: list[float]) -> None:
+    pacer = Pacer(SETTINGS, slo_ttft=1.0)
+    pacer.observe("batch", "deepinfer", 9.0)
+    for _ in range(20):
+        pacer.observe("interactive", "vllm", 3.0)  # slow, but not where the batch runs
+    assert step(pacer, clock) == 5
+    pacer.observe("batch", "vllm", 9.0)  # now the batch shares vllm: the same TTFTs count
+    assert step(pacer, clock) == 2
+
+
 def test_few_samples_are_no_signal_and_refusals_halve(clock: list[float]) -> None:
     pacer = Pacer(SETTINGS, slo_ttft=1.0)
+    pacer.observe("batch", "vllm", 9.0)
     for _ in range(pacing.MIN_SAMPLES - 1):
-        pacer.observe("interactive", 5.0)
+        pacer.observe("interactive", "vllm", 5.0)
     assert step(pacer, clock) == 5
     pacer.refused()
     assert step(pacer, clock) == 2
