@@ -34,6 +34,11 @@ class Engine:
         self.ranks = [Rank(profile) for _ in range(profile.ranks)]
         self._keys = 0
         self._incoming: list[tuple[float, int, Sequence]] = []  # heap: in the front end
+        # Heap of (deadline, rank index). An entry is current while the rank's deadline still
+        # equals it; entries a rank moved away from are dropped when they surface. So the next
+        # event costs a heap operation, not a scan of every rank (the virtual-time simulator
+        # takes millions of them).
+        self._due: list[tuple[float, int]] = []
 
     def capacity_tokens(self) -> int:
         """The most tokens (prompt plus output) one request may hold in one rank's KV cache."""
@@ -70,6 +75,23 @@ class Engine:
         seq.rank = rank
         self.ranks[rank].enqueue(seq)
         self.ranks[rank].kick(now)
+        self._track(rank)
+
+    def _track(self, rank: int) -> None:
+        """Note rank ``rank``'s current deadline in the heap (after anything that moved it)."""
+        t = self.ranks[rank].deadline()
+        if t is not None:
+            heapq.heappush(self._due, (t, rank))
+
+    def _next_rank(self) -> tuple[float, int] | None:
+        """The earliest current (deadline, rank), dropping entries that are out of date."""
+        due, ranks = self._due, self.ranks
+        while due:
+            t, i = due[0]
+            if ranks[i].deadline() == t:
+                return t, i
+            heapq.heappop(due)
+        return None
 
     def cancel(self, seq: Sequence, now: float) -> None:
         """Remove ``seq`` (client gone) at ``now``: frees its slot and KV blocks at once."""
@@ -79,34 +101,35 @@ class Engine:
             rank = self.ranks[seq.rank]
             rank.cancel(seq)
             rank.kick(now)  # its prefill lane may have just become free
+            self._track(seq.rank)
 
     def next_deadline(self) -> float | None:
         """Model time of the next step or prefill completion, None when idle."""
-        times = [t for t in (r.deadline() for r in self.ranks) if t is not None]
+        head = self._next_rank()
+        t = head[0] if head is not None else math.inf
         if self._incoming:
-            times.append(self._incoming[0][0])
-        return min(times) if times else None
+            t = min(t, self._incoming[0][0])
+        return None if t == math.inf else t
 
     def advance(self, now: float) -> list[Sequence]:
         """Complete every event due by ``now``; return sequences that got new chunks."""
         out: list[Sequence] = []
         incoming = self._incoming
         while True:
-            best: Rank | None = None
-            best_t = math.inf
-            for r in self.ranks:
-                t = r.deadline()
-                if t is not None and t < best_t:
-                    best, best_t = r, t
+            head = self._next_rank()
+            best_t = head[0] if head is not None else math.inf
             arrival = incoming[0][0] if incoming else math.inf
-            if min(best_t, arrival) > now:
+            due = min(best_t, arrival)
+            if due > now or due == math.inf:  # nothing due (or nothing at all: idle)
                 return out
             if arrival <= best_t:  # on a tie the arrival is queued before the next step starts
                 _, _, seq = heapq.heappop(incoming)
                 if seq.state is State.WAITING:
                     self._dispatch(seq, arrival)
-            elif best is not None:
-                best.fire(out)
+            elif head is not None:
+                heapq.heappop(self._due)
+                self.ranks[head[1]].fire(out)
+                self._track(head[1])
 
     @property
     def num_running(self) -> int:

@@ -204,5 +204,7 @@ def forced_output_body(model: str, output_tokens: int) -> dict[str, Any]:
 def _azure_time(text: str) -> float:
     """``YYYY-MM-DD HH:MM:SS.fffffff`` (no zone; 7 fractional digits) -> seconds."""
     whole, _, frac = text.strip().partition(".")
-    base = dt.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
+    if len(whole) != 19 or whole[10] != " ":
+        raise ValueError(f"not YYYY-MM-DD HH:MM:SS: {whole!r}")
+    base = dt.datetime.fromisoformat(whole).replace(tzinfo=dt.UTC)  # strptime is 10x slower
     return base.timestamp() + (float("0." + frac) if frac else 0.0)

@@ -59,9 +59,27 @@ class Column:
             self._fold(v)
 
     def extend(self, values: Iterable[float]) -> None:
-        """Account for several values."""
-        for v in values:
-            self.add(v)
+        """Account for several values (as many :meth:`add` calls would, in bulk)."""
+        vals = values if isinstance(values, list) else list(values)
+        if not vals:
+            return
+        self.count += len(vals)
+        for v in vals:  # one by one, so the sum is the same as add's
+            self.total += v
+        self.min = min(self.min, min(vals))
+        self.max = max(self.max, max(vals))
+        exact = self._exact
+        if exact is not None:
+            exact.extend(vals)
+            if len(exact) <= EXACT_CAP:
+                return
+            vals, self._exact = list(exact), None
+        buckets = self._buckets
+        last, k = math.nan, 0
+        for v in vals:
+            if v != last:  # runs of equal values (a stream's steady gaps) share one log
+                last, k = v, _bucket(v)
+            buckets[k] = buckets.get(k, 0) + 1
 
     def _fold(self, v: float) -> None:
         k = _bucket(v)

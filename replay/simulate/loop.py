@@ -1,21 +1,26 @@
 """One policy's run over a schedule, in virtual time: the router's request path without I/O.
 
-An event loop over three kinds of event, taken in time order (on a tie: engine steps, then
-the router's scrape, then arrivals, as a step that ends at the very moment a request arrives
-completes before the request can join one). Each arrival goes the router's way: classify,
-the policy chooses over the pool's snapshots, the first ranked backend that serves the model
-and is not at ``max_inflight`` takes it under a lease, and its engine model schedules it.
-Each answer ends the lease, feeds ``on_finish`` with the outcome the router would measure,
-and becomes the :class:`~replay.client.Result` the live replayer would have recorded.
-Nothing sleeps and nothing is sent: the clock jumps from one event to the next.
+The router acts at two kinds of moment: an arrival (classify, the policy chooses over the
+pool's snapshots, the first ranked backend that serves the model and is not at
+``max_inflight`` takes the request under a lease, its engine model schedules it) and a
+scrape of every engine's load. Between two such moments the engines run on their own, so
+each engine model is advanced to the next moment in one call (every step due by then,
+in order); the answers that ended meanwhile are then settled in the order they ended, each
+at its own time: the lease ends, ``on_finish`` gets the outcome the router would measure,
+and the :class:`~replay.client.Result` is what the live replayer would have recorded. On a
+tie a step that ends at the moment of an arrival completes first, as in the engine model.
+Nothing sleeps and nothing is sent: the clock jumps from one moment to the next.
+
+TTFT, E2E and TPOT come from the engine model's own times for each sequence (its first and
+last token). The gaps between a stream's chunks are reported as that stream's mean gap, one
+per gap: the mean ITL is exact, ITL percentiles are over per-request means.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from emulator.rank import Sequence
 from policies.base import Policy
@@ -41,8 +46,7 @@ class Flight:
     sent: float
     finish: str
     first: float | None = None
-    last: float = 0.0
-    itls: list[float] = field(default_factory=list)
+    chunks: int = 0
 
 
 class Simulation:
@@ -54,16 +58,16 @@ class Simulation:
         self.label = label
         self.on_result = on_result
         self.flights: dict[Sequence, Flight] = {}
-        self._due: list[tuple[float, int]] = []  # (deadline, backend index); stale entries skipped
         self._model = world.model()
         self.events = 0
+        """Router moments (arrivals and scrapes) simulated."""
 
     def run(self, plan: Iterable[Planned], *, start: float = 0.0) -> float:
         """Serve the whole schedule and every answer; returns the virtual end time.
 
         The clock starts at ``start`` (a shard's window), the first scrape with it.
         """
-        world, backends, due = self.world, self.world.backends, self._due
+        world = self.world
         health = world.config.health
         every = health.scrape_interval if health.scrape_metrics else math.inf
         next_scrape = start if health.scrape_metrics else math.inf
@@ -71,17 +75,15 @@ class Simulation:
         arrivals = iter(plan)
         nxt = next(arrivals, None)
         while nxt is not None or self.flights:
-            while due and due[0][0] != backends[due[0][1]].deadline:
-                heapq.heappop(due)
-            t_engine = due[0][0] if due else math.inf
             t_arrival = nxt.at if nxt is not None else math.inf
-            now = min(t_engine, t_arrival, next_scrape)
+            now = min(t_arrival, next_scrape)
+            self._advance(now)
+            if nxt is None and not self.flights:  # the last answer is in: done
+                break
             world.now = now
             self.events += 1
-            if t_engine <= now:
-                self._step(heapq.heappop(due)[1], now)
-            elif next_scrape <= now:
-                for b in backends:
+            if next_scrape <= now:
+                for b in world.backends:
                     b.scrape()
                 next_scrape += every
             elif nxt is not None:
@@ -89,27 +91,29 @@ class Simulation:
                 nxt = next(arrivals, None)
         return world.now
 
-    def _schedule(self, index: int) -> None:
-        t = self.world.backends[index].refresh()
-        if t is not None:
-            heapq.heappush(self._due, (t, index))
-
-    def _step(self, index: int, now: float) -> None:
-        b = self.world.backends[index]
-        for seq in b.engine.advance(now * b.scale):
-            f = self.flights[seq]
-            if f.first is None:
-                f.first = now
-                f.lease.prefilled()
-            elif f.routed.info.stream:
-                f.itls.append(now - f.last)
-                f.itls.extend([0.0] * (len(seq.chunks) - 1))
-            f.last = now
-            seq.chunks.clear()
-            if seq.done:
-                del self.flights[seq]
-                self._answer(f, seq, now)
-        self._schedule(index)
+    def _advance(self, until: float) -> None:
+        """Every engine to ``until``; then the answers that ended, in the order they ended."""
+        ended: list[tuple[float, int, Flight, Sequence]] = []
+        flights = self.flights
+        for b in self.world.backends:
+            if b.deadline is None or b.deadline > until:
+                continue
+            scale = b.scale
+            for seq in b.engine.advance(until * scale):
+                f = flights[seq]
+                if f.first is None and seq.first_token_at is not None:
+                    f.first = seq.first_token_at / scale
+                    f.lease.prefilled()
+                f.chunks += len(seq.chunks)
+                seq.chunks.clear()
+                if seq.finished_at is not None:
+                    ended.append((seq.finished_at / scale, seq.key, f, seq))
+            b.refresh()
+        ended.sort(key=lambda e: (e[0], e[1]))
+        for t, _, f, seq in ended:
+            del flights[seq]
+            self.world.now = t
+            self._answer(f, seq, t)
 
     def _arrive(self, planned: Planned, now: float) -> None:
         item, world, policy = planned.item, self.world, self.policy
@@ -139,7 +143,7 @@ class Simulation:
         lease = backend.state.lease(info)
         self.flights[seq] = Flight(routed, backend, lease, now, finish)
         backend.engine.submit(seq, now * backend.scale)
-        self._schedule(backend.index)
+        backend.refresh()
 
     def _refused(self, item: Item, routed: Routed | None, e: Refused, now: float) -> None:
         cls = routed.info.request_class if routed is not None else "default"
@@ -155,6 +159,8 @@ class Simulation:
         f.lease.release()
         first = f.first if f.first is not None else now
         e2e = now - f.sent
+        gaps = f.chunks - 1
+        itls = [(now - first) / gaps] * gaps if info.stream and gaps > 0 else []
         ttft = first - f.sent if info.stream else e2e
         n = seq.generated
         tpot = (e2e - ttft) / (n - 1) if info.stream and n > 1 else None
@@ -170,7 +176,7 @@ class Simulation:
             self.label,
             ttft=ttft,
             e2e=e2e,
-            itls=f.itls,
+            itls=itls,
             prompt_tokens=seq.prompt_tokens,
             completion_tokens=n,
             finish_reason=f.finish,

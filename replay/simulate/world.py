@@ -33,8 +33,6 @@ class Backend:
     scale: float
     """The emulator's time scale: engine seconds per virtual second."""
     seed: int
-    index: int
-    """Its place in :attr:`World.backends`."""
     deadline: float | None = None
     """The engine's next event in virtual seconds, as last asked."""
 
@@ -78,7 +76,6 @@ class World:
                     profile,
                     emu.time_scale if emu else 1.0,
                     emu.seed if emu else 0,
-                    len(self.backends),
                 )
             )
         if errors:
