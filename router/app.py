@@ -25,6 +25,7 @@ from router.control.auth import Gate, admin_only
 from router.control.slo import slo_table
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
+from router.observe.tracing import tracing_from_env
 from router.proxy.connection import ConnectionPool
 from router.proxy.drain import CLOSE_SECONDS
 from router.proxy.handler import handle
@@ -90,6 +91,7 @@ def build_app(
         admission=Admission(config.admission),
         shadows=Shadows(config.shadow, pool, metrics, config.limits),
         slo=slo_table(policies, config.default_policy),
+        tracing=tracing_from_env(),
     )
     for b in pool.backends:
         _watch(state.metrics, b)
@@ -251,6 +253,7 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
         state.stopped()
         if writer is not None:
             await writer.aclose()
+        state.tracing.close()
         await session.close()
         connections.close()
 

@@ -49,6 +49,11 @@ REQUEST_REASONS = (
 whole, the only outcome the latency histograms observe), the router's own rejections, and
 what went wrong upstream. A fixed set, so the label's cardinality is bounded."""
 
+FAILURES = frozenset({"overloaded", "no_backend", "internal", "upstream_error",
+                      "upstream_unreachable", "upstream_timeout", "upstream_broken"})  # fmt: skip
+"""The reasons the service failed a request (the dashboard's error ratio, the availability
+alerts, an error span); the others are the client's doing, or a drain."""
+
 # The router's own rejections, with the status each answers, exported at 0 for every policy:
 # those before classification under class ``unknown``, the others under each class.
 _EARLY_REJECTIONS = (

@@ -20,6 +20,8 @@ from common.sse import StreamFigures, StreamMeter
 from policies.base import Policy
 from policies.types import Outcome, RequestInfo
 from router.control.admission import QueueRejected, Saturated
+from router.observe.metrics import FAILURES
+from router.observe.tracing import NO_TRACE, Ending, RequestTrace
 from router.proxy.drain import CODE as DRAIN_CODE
 from router.proxy.relay import CLIENT_CLOSED
 from router.proxy.state import RouterState
@@ -88,9 +90,15 @@ class Exchange:
     """What the router found wrong with the backend's answer itself, as a kind of
     ``switchyard_upstream_protocol_errors_total`` (the meter counts what it finds)."""
     reason: str | None = None
+    trace: RequestTrace = NO_TRACE
     """Why the request was not served, when the handler knows (else :meth:`outcome` works it
     out from the status and the error)."""
     _figures: StreamFigures | None = field(default=None, repr=False)
+
+    @property
+    def attempts(self) -> int:
+        """How many backends were tried (0: none)."""
+        return 0 if self.backend is None else self.failovers + 1
 
     @property
     def request_class(self) -> str:
@@ -145,10 +153,28 @@ class Exchange:
         )
         for watch in state.on_finish:
             watch(self.request_class, backend, ttft)
+        # A TTFT is the first token of an answer, not of an engine's error body.
+        first = ttft if reason in _ANSWERED else None
         if state.access_log.wanted(state.config.access_log):
-            # A TTFT is the first token of an answer, not of an engine's error body.
-            first = ttft if reason in _ANSWERED else None
             state.access_log.write(self._access_line(reason, first, e2e, prompt, output))
+        if self.trace.recording:
+            self.trace.finish(
+                Ending(
+                    end,
+                    self.status,
+                    reason,
+                    reason in FAILURES,
+                    policy.name,
+                    self.request_class,
+                    self.backend,
+                    self.attempts,
+                    self.tenant,
+                    first,
+                    prompt,
+                    output,
+                    fig.finish_reason if fig is not None else None,
+                )
+            )
         if self.meter is not None:
             for kind, count in self.meter.protocol_errors.items():
                 state.metrics.protocol_errors(backend, kind, count)
@@ -192,7 +218,7 @@ class Exchange:
             "class": self.request_class,
             "policy": self.policy.name,
             "backend": self.backend,
-            "attempts": 0 if self.backend is None else self.failovers + 1,
+            "attempts": self.attempts,
             "status": self.status,
             "reason": reason,
             "ttft_ms": _ms(ttft),

@@ -56,6 +56,7 @@ async def handle(
     rid = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex}"
     default = state.policies[state.config.default_policy]
     ex = Exchange(rid, request.path, request.headers, now, time.time(), default)
+    ex.trace = trace = state.tracing.begin(request.headers, request.method, request.path, rid, now)
     extra = {"X-Request-Id": rid, "X-Switchyard-Policy": default.name}
     opened: Opened | None = None
     lease: Lease | None = None
@@ -79,15 +80,21 @@ async def handle(
         )
         # In a thread, the event loop still gets its turns (every switch interval) meanwhile.
         big = len(ex.body) > OFFLOAD_BYTES
+        t = time.monotonic()
         parsed = await asyncio.to_thread(understand) if big else understand()
         ex.doc = parsed.doc
         ex.info = info = parsed.info
+        trace.classified(info, t, time.monotonic())
         extra["X-Switchyard-Class"] = info.request_class
         context = state.pool.context_tokens(info.model)
         lease = state.gate.admit(tenant, info, context)
+        t = time.monotonic()
         targets = await state.admission.admit(
             info.request_class, lambda: _plan(state, policy, parsed, ex.body, endpoint)
         )
+        if trace.recording:
+            ranked = [target.backend.name for target in targets]
+            trace.picked(policy.name, ranked, t, time.monotonic())
         state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, state.policies)
         timeouts = state.config.timeouts_for(info.request_class)
         opened = await open_upstream(
@@ -98,6 +105,7 @@ async def handle(
             timeouts=timeouts,
             failover=state.config.failover,
             on_failover=lambda name: state.metrics.failover(policy.name, name),
+            trace=trace,
         )
         ticket.conn = opened.conn  # from here the drain cuts by aborting the upstream
         ex.backend = extra["X-Switchyard-Backend"] = opened.target.backend.name

@@ -16,6 +16,7 @@ from router.control.slo import SloTable
 from router.observe.access import AccessLog
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
+from router.observe.tracing import NoTracing, Tracing
 from router.proxy.connection import ConnectionPool
 from router.proxy.drain import Drain
 from router.proxy.shadow import Shadows
@@ -45,6 +46,8 @@ class RouterState:
     access_log: AccessLog = field(default_factory=AccessLog)
     on_finish: list[Callable[[str, str, float | None], None]] = field(default_factory=list)
     """Told each finished request's class, backend and TTFT (the batch executor's pacing)."""
+    tracing: Tracing = field(default_factory=NoTracing)
+    """Request traces (router.observe.tracing): a no-op unless OpenTelemetry is set up."""
     _session: aiohttp.ClientSession | None = None
     _connections: ConnectionPool | None = None
 

@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from policies.types import RequestInfo
 from router.backends.pool import BackendLease, BackendState
 from router.config.model import ClassTimeouts, FailoverSettings
+from router.observe.tracing import NO_TRACE, RequestTrace
 from router.proxy.connection import (
     Connection,
     ConnectionPool,
@@ -268,16 +269,18 @@ async def open_upstream(
     timeouts: ClassTimeouts,
     failover: FailoverSettings,
     on_failover: Callable[[str], None],
+    trace: RequestTrace = NO_TRACE,
 ) -> Opened:
     """Send to ``targets`` in order until one answers; see the module docstring.
 
     Each attempt holds a lease on its backend's in-flight figures while it is open; a failed
     attempt's lease is released here, the answering one's is the caller's (:class:`Opened`).
+    ``trace`` gets a span per attempt, whose context each attempt sends upstream.
     """
     suspects: list[BackendLease] = []
     # On UpstreamFailed the suspects are dropped: no backend showed the request servable.
     opened = await _failover(
-        connections, targets, req, headers, timeouts, failover, on_failover, suspects
+        connections, targets, req, headers, timeouts, failover, on_failover, suspects, trace
     )
     settle(suspects, opened.head.status)
     return opened
@@ -303,10 +306,11 @@ async def _failover(
     failover: FailoverSettings,
     on_failover: Callable[[str], None],
     suspects: list[BackendLease],
+    trace: RequestTrace,
 ) -> Opened:
     """The attempts in order, as :func:`open_upstream`; held 5xx leases go to ``suspects``."""
     try:  # the common case, without the retry machinery's per-request cost
-        return await _attempt(connections, targets[0], req, headers, timeouts, 0, suspects)
+        return await _attempt(connections, targets[0], req, headers, timeouts, 0, suspects, trace)
     except AttemptFailed as exc:
         attempts = min(failover.max_attempts, len(targets))
         if attempts < 2:
@@ -327,7 +331,7 @@ async def _failover(
                 target = targets[index]
                 index += 1
                 return await _attempt(
-                    connections, target, req, headers, timeouts, index - 1, suspects
+                    connections, target, req, headers, timeouts, index - 1, suspects, trace
                 )
     except AttemptFailed as exc:
         raise UpstreamFailed(exc.failure, index - 1) from None
@@ -342,6 +346,7 @@ async def _attempt(
     timeouts: ClassTimeouts,
     failovers: int,
     suspects: list[BackendLease],
+    trace: RequestTrace,
 ) -> Opened:
     """One attempt; a 5xx answer other than a gateway status adds its lease to ``suspects``
     for :func:`settle` rather than failing it here."""
@@ -350,6 +355,7 @@ async def _attempt(
     headers = upstream_headers(
         client_headers, req.request_id, backend.api_key, backend.spec.forward_headers
     )
+    trace.attempt(backend.name, target.url, headers)
     request = request_head(origin, path, headers, len(target.body))
     first_byte = timeouts.first_byte if req.stream else None
     lease = backend.lease(req)
@@ -370,6 +376,7 @@ async def _attempt(
             failure = Failure(backend.name, f"backend {backend.name} timed out", timeout=True)
         else:
             failure = Failure(backend.name, f"backend {backend.name} unreachable: {exc}")
+        trace.attempt_failed(None, failure.message, failure.timeout)
         raise AttemptFailed(failure) from None
     except BaseException:
         lease.release()
@@ -387,6 +394,7 @@ async def _attempt(
             lease.failed()
         elif head.status >= 500:
             suspects.append(lease)
+        trace.attempt_failed(head.status, f"backend {backend.name} answered {head.status}", False)
         raise AttemptFailed(
             Failure(
                 backend.name,

@@ -42,6 +42,8 @@ class FakeEngine:
     """Whether answers carry usage figures (an engine may omit them)."""
     healthy: bool = True
     """What its /health says (503 when False)."""
+    error_status: int | None = None
+    """Answer every chat request with this status (OpenAI error JSON) when set."""
 
     def __post_init__(self) -> None:
         self.release.set()
@@ -68,6 +70,9 @@ class FakeEngine:
         body = await request.json()
         self.bodies.append(body)
         self.headers.append(CIMultiDict(request.headers))
+        if self.error_status is not None:
+            error = {"message": "injected", "type": "server_error", "code": self.error_status}
+            return web.json_response({"error": error}, status=self.error_status)
         if (body.get("max_tokens") or 0) > CONTEXT:  # as vLLM answers a budget past the context
             error = {"message": "max_tokens is too large", "type": "BadRequestError", "code": 400}
             return web.json_response({"error": error}, status=400)
