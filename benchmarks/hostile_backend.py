@@ -42,6 +42,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from router.server.children import discard_output
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -73,6 +75,8 @@ def _spawn(argv: list[str], cwd: Path, ready: str) -> Iterator[tuple[subprocess.
                     raise RuntimeError(f"{argv[:3]} exited: {buf!r}")
                 buf += data
         line = next(x for x in buf.decode().splitlines() if x.startswith(ready))
+        # A router writes an access line per request to stdout from here on.
+        threading.Thread(target=discard_output, args=(proc.stdout.fileno(),), daemon=True).start()
         yield proc, line[len(ready) :].strip()
     finally:
         proc.terminate()

@@ -121,7 +121,7 @@ def spawn_ready(
                 buf += data
                 for line in buf.decode(errors="replace").splitlines():
                     if line.startswith(ready_prefix):
-                        threading.Thread(target=_discard, args=(fd,), daemon=True).start()
+                        threading.Thread(target=discard_output, args=(fd,), daemon=True).start()
                         return proc, line[len(ready_prefix) :].strip()
         raise RuntimeError(f"{argv[:4]} not ready after {timeout} s")
     except BaseException:
@@ -130,7 +130,9 @@ def spawn_ready(
         raise
 
 
-def _discard(fd: int) -> None:
+def discard_output(fd: int) -> None:
+    """Read ``fd`` (a child's stdout) to its end, dropping what comes, so the child never
+    blocks on a full pipe; run it in a daemon thread."""
     try:
         while os.read(fd, 65536):
             pass
