@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from replay.simulate.cli import main as simulate_main
 from tests.fixtures import AZURE
 from tests.procs import run_replay, start_emulator
 
@@ -69,3 +70,45 @@ def test_report_page_renders_the_report_numbers(tmp_path: Path) -> None:
         label = f"{run['policy']}: mean {m['mean_ttft_ms']:.1f} ms, P95 {m['p95_ttft_ms']:.1f} ms"
         assert label in dom
     assert dom.count("<polyline") == len(attrs)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (`make browser` installs it)")
+def test_sweep_page_draws_one_pareto_point_per_run(tmp_path: Path) -> None:
+    out, page = tmp_path / "report.json", tmp_path / "report.html"
+    # long prompts are batch under the embedded default's rules: both axes have data
+    trace = tmp_path / "trace.jsonl"
+    rows = [
+        {"timestamp": 100 * i, "input_length": 17_000 if i % 3 == 0 else 800, "output_length": 30}
+        for i in range(30)
+    ]
+    trace.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    argv = [str(trace), "--policy", "adaptive", "--policy", "class-split"]
+    argv += ["--set", "policies.adaptive.params.spill.max_inflight=1,8"]
+    assert simulate_main([*argv, "--out", str(out), "--html", str(page)]) == 0
+    report = orjson.loads(out.read_bytes())
+    assert len(report["pareto"]) == 4 and any(p["front"] for p in report["pareto"])
+
+    assert CHROMIUM is not None
+    argv = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    argv += ["--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert ":CONSOLE" not in run.stderr, run.stderr
+    body = re.search(r"<body([^>]*)>", run.stdout)
+    assert body is not None and "data-error" not in body.group(1)
+    assert 'data-pareto="4"' in body.group(1)
+    points = [
+        dict(re.findall(r'([\w-]+)="([^"]*)"', g))
+        for g in re.findall(r'<g class="point"([^>]*)>', run.stdout)
+    ]
+    shown = {(p["data-run"], p["data-x"], p["data-y"], p["data-front"]) for p in points}
+    expected = {
+        (
+            p["run"],
+            f"{p['batch_output_throughput']:.2f}",
+            f"{p['p95_ttft_ms']:.2f}",
+            str(p["front"]).lower(),
+        )
+        for p in report["pareto"]
+    }
+    assert shown == expected

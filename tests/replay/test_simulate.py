@@ -15,6 +15,7 @@ import yaml
 from policies.registry import BackendInfo
 from policies.types import Candidate, Decision, Outcome, RequestInfo
 from replay.client import Result
+from replay.merge import merge_results
 from replay.plan import Plan, PlanOptions
 from replay.simulate.cli import main
 from replay.simulate.loop import Simulation
@@ -185,3 +186,61 @@ def test_command_writes_the_replay_report_marked_simulated(tmp_path: Path) -> No
     assert len(lines) == 24
     assert "Simulated in virtual time" in page.read_text()
     assert yaml.safe_load(lines[0])["route"]["policy"] == "class-split"
+
+
+def test_time_window_shards_merge_into_the_whole_trace(tmp_path: Path) -> None:
+    trace = _trace(tmp_path, _busy_rows(40))
+    parts = []
+    for i in range(3):
+        res = tmp_path / f"res-{i}.jsonl"
+        assert (
+            main(
+                [str(trace), "--policy", "round-robin", "--shard", f"{i}/3", "--results", str(res)]
+            )
+            == 0
+        )
+        parts.append([json.loads(line) for line in res.read_text().splitlines()])
+    sent = [[line["t_offset_ms"] for line in part] for part in parts]
+    span = 39 * 150.0  # ms, first to last arrival
+    for i, offsets in enumerate(sent):  # each shard its own third of the schedule, on one base
+        assert offsets and all(
+            i * span / 3 - 1e-6 <= t < (i + 1) * span / 3 + 1e-6 for t in offsets
+        )
+    ids = sorted(line["custom_id"] for part in parts for line in part)
+    assert ids == sorted(f"mooncake-{n}" for n in range(40))
+    report = merge_results([str(tmp_path / f"res-{i}.jsonl") for i in range(3)])
+    (run,) = report["runs"]
+    assert run["overall"]["completed"] == 40
+    assert run["overall"]["duration"] > span / 1000.0
+
+
+def test_sweep_settings_are_validated_as_the_router_validates_its_config(tmp_path: Path) -> None:
+    trace = str(FIXTURES / "mooncake.jsonl")
+    assert main([trace, "--set", "health.scrape_interval=-1"]) == 2
+    assert main([trace, "--set", "policies.adaptive.params.no_such_key=1"]) == 2
+    assert main([trace, "--set", "backends[9].max_inflight=1"]) == 2
+    assert main([trace, "--set", "not a path=1"]) == 2
+    out = tmp_path / "r.json"
+    assert (
+        main(
+            [
+                trace,
+                "--policy",
+                "least-outstanding",
+                "--set",
+                "backends[0].max_inflight=1,64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["policy"] for r in runs] == [
+        "least-outstanding [backends[0].max_inflight=1]",
+        "least-outstanding [backends[0].max_inflight=64]",
+    ]
+    assert [r["simulation"]["setting"] for r in runs] == [
+        {"backends[0].max_inflight": 1},
+        {"backends[0].max_inflight": 64},
+    ]
