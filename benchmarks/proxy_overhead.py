@@ -183,7 +183,7 @@ def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def _router_config(upstream: str, directory: Path) -> Path:
+def _router_config(upstream: str, directory: Path, access_log: bool) -> Path:
     doc = {
         "listen": {"host": "127.0.0.1", "port": 0},
         "backends": [
@@ -199,6 +199,7 @@ def _router_config(upstream: str, directory: Path) -> Path:
         "default_policy": "pinned",
         "policies": {"pinned": {"type": "pinned", "params": {"backend": "fast"}}},
         "health": {"interval": 5.0, "scrape_metrics": False},
+        "access_log": {"enabled": access_log},
     }
     path = directory / "bench-router.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -275,6 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         help="start every stream at once: paced streams then also end together, and each\n"
         "round of requests arrives as one burst of `concurrency` (a thundering herd)",
     )
+    ap.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="turn the router's access log off (on by default, as in production); with\n"
+        "--chunks 1, the CPU figure is then per 1,000 requests, so the two runs side by side\n"
+        "give the access line's cost per request",
+    )
     ap.add_argument("--upstream-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.upstream_server:
@@ -285,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     up_proc, upstream = spawn_ready([exe, "-m", "benchmarks.proxy_overhead", "--upstream-server"],
                                     UPSTREAM_READY, 30)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = _router_config(upstream, Path(tmp))
+        cfg = _router_config(upstream, Path(tmp), access_log=not args.no_access_log)
         r_proc, router = spawn_ready([exe, "-m", "router", "serve", "--config", str(cfg)],
                                      "router listening on ", 30)  # fmt: skip
         if args.pin:
@@ -298,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.rounds} rounds, 1 router worker, {os.cpu_count()} CPUs"
                 + (" (router pinned to CPU 0, the rest to CPU 1)" if args.pin else "")
                 + (", streams started in one burst" if args.burst else "")
+                + (", access log off" if args.no_access_log else ", access log on")
             )
             print(f"{'mode':8} {'conc':>5} {'+TTFT p50':>10} {'+TTFT p99':>10} {'+E2E p50':>10} "
                   f"{'+E2E p99':>10} {'CPU s/1k chunks':>16} {'chunks/s':>9} "

@@ -223,7 +223,7 @@ def test_one_access_line_per_request_says_how_it_ended(run: Run) -> None:
     assert first["backend"] == "good" and first["policy"] == "good-only"
     assert first["class"] == "interactive" and first["stream"] is True
     assert first["model"] == MODEL and first["path"] == "/v1/chat/completions"
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", str(first["ts"]))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z", str(first["ts"]))
     for x in lines:
         if x["reason"] == OK:
             assert x["attempts"] == 1 and x["backend"] == "good"
