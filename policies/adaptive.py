@@ -38,7 +38,15 @@ from policies.predictor import (
     read_tpot,
 )
 from policies.prefix import DEFAULT_IMBALANCE, PrefixIndex
-from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo, Slo
+from policies.types import (
+    Candidate,
+    Decision,
+    Outcome,
+    RequestClass,
+    RequestInfo,
+    Slo,
+    group_of,
+)
 
 # How fast the typical interactive prompt size (used for the headroom check) follows traffic.
 _PROMPT_ALPHA = 0.1
@@ -131,7 +139,8 @@ class AdaptivePolicy:
     tpot: TpotTracker
     pace: PaceTracker
     engines: dict[str, str]
-    """Backend name -> engine kind, for outcomes of backends not in the last snapshot."""
+    """Configured backend name -> engine kind, for outcomes of backends not in the last
+    snapshot (a discovered replica is looked up by :func:`~policies.types.group_of`)."""
     type: str = "adaptive"
     governor: SpillGovernor = field(init=False)
     typical_prompt: float = field(init=False)
@@ -324,7 +333,7 @@ class AdaptivePolicy:
             return  # a non-streamed response has no observable TTFT
         if req.prompt_tokens:
             self.typical_prompt += _PROMPT_ALPHA * (req.prompt_tokens - self.typical_prompt)
-        if self.engines.get(backend) in self.settings.low_ttft:
+        if self.engines.get(group_of(backend)) in self.settings.low_ttft:
             self.governor.record(self.settings.slo["interactive"].met(outcome))
 
 

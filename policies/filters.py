@@ -8,17 +8,17 @@ from dataclasses import dataclass
 from common.schema import Reader
 from policies.base import Filter
 from policies.params import BuildContext, class_orders
-from policies.types import Candidate, RequestClass, RequestInfo
+from policies.types import Candidate, RequestClass, RequestInfo, group_of
 
 
 @dataclass(frozen=True, slots=True)
 class MembersFilter:
-    """Keeps only the listed backends."""
+    """Keeps only the listed backends (and the replicas discovered behind them)."""
 
     names: frozenset[str]
 
     def filter(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
-        return [c for c in candidates if c.name in self.names]
+        return [c for c in candidates if group_of(c.name) in self.names]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class ClassMembersFilter:
 
     def filter(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
         allowed = self.names.get(req.request_class, frozenset())
-        return [c for c in candidates if c.name in allowed]
+        return [c for c in candidates if group_of(c.name) in allowed]
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from common.schema import Reader
 from policies.params import BuildContext
-from policies.types import Candidate, Outcome, RequestInfo
+from policies.types import Candidate, Outcome, RequestInfo, group_of
 
 
 def queued_prefill_tokens(c: Candidate, typical_prompt: float) -> float:
@@ -61,8 +61,9 @@ DEFAULT_PRIOR = 10_000.0
 class TtftPredictor:
     """Learns each backend's prefill rate from outcomes and predicts TTFT.
 
-    ``priors`` maps each backend name to its prior rate (tokens/s); a backend first seen
-    later starts from ``default_prior``. ``alpha`` is the weight
+    ``priors`` maps each backend name to its prior rate (tokens/s); a replica discovered
+    behind one starts from that backend's (:func:`~policies.types.group_of`), any other
+    backend first seen later from ``default_prior``. ``alpha`` is the weight
     of each new observation. ``pending_limit`` bounds the per-request memory kept between
     ``note`` and ``observe`` (oldest dropped first), so lost feedback cannot grow it.
     """
@@ -82,7 +83,8 @@ class TtftPredictor:
     def _rate(self, backend: str) -> _Rate:
         rate = self._rates.get(backend)
         if rate is None:
-            rate = self._rates[backend] = _Rate(self.default_prior * PRIOR_SECONDS, PRIOR_SECONDS)
+            prior = self.priors.get(group_of(backend), self.default_prior)
+            rate = self._rates[backend] = _Rate(prior * PRIOR_SECONDS, PRIOR_SECONDS)
         return rate
 
     def rate(self, backend: str) -> float:
@@ -135,8 +137,10 @@ class TpotTracker:
         self._tpot = dict(self.priors)
 
     def tpot(self, backend: str) -> float:
-        """Seconds per output token expected on ``backend``."""
-        return self._tpot.get(backend, self.default_prior)
+        """Seconds per output token expected on ``backend`` (a discovered replica starts from
+        its configured backend's prior)."""
+        tpot = self._tpot.get(backend)
+        return tpot if tpot is not None else self.priors.get(group_of(backend), self.default_prior)
 
     def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn from a finished streamed request that produced at least two tokens."""

@@ -25,7 +25,7 @@ from common.schema import Reader
 from policies.base import Filter, Scorer
 from policies.params import BuildContext
 from policies.pipeline import NO_HEALTHY
-from policies.types import Candidate, Decision, Outcome, RequestInfo
+from policies.types import Candidate, Decision, Outcome, RequestInfo, group_of
 
 BLOCK_CHARS = 256
 """Characters per block: about 50 tokens of English text, a few engine blocks."""
@@ -58,7 +58,8 @@ class PrefixIndex:
 
     capacity: int = DEFAULT_CAPACITY
     backends: Collection[str] = ()
-    """The configured backend names; outcomes from any other name are ignored."""
+    """The configured backend names; outcomes from any other name are ignored (a replica
+    discovered behind one counts as that one's: :func:`~policies.types.group_of`)."""
     _lru: dict[str, OrderedDict[int, None]] = field(default_factory=dict)
 
     def matched(self, backend: str, blocks: Sequence[int]) -> int:
@@ -80,7 +81,7 @@ class PrefixIndex:
     def record(self, backend: str, blocks: Sequence[int]) -> None:
         """``backend`` now holds ``blocks``: they become its most recently used, the head
         last, so the head is evicted last (a shared head outlives each prompt's tail)."""
-        if not blocks or backend not in self.backends:
+        if not blocks or group_of(backend) not in self.backends:
             return
         lru = self._lru.setdefault(backend, OrderedDict())
         for h in reversed(blocks):

@@ -17,7 +17,7 @@ from policies.signals import (
     outstanding_tokens,
     queue_depths,
 )
-from policies.types import Candidate, Outcome, RequestClass, RequestInfo
+from policies.types import Candidate, Outcome, RequestClass, RequestInfo, group_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class ClassAffinityScorer:
 
     def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:
         table = self.tiers.get(req.request_class, {})
-        return {c.name: table.get(c.name, 0.0) for c in candidates}
+        return {c.name: table.get(group_of(c.name), 0.0) for c in candidates}
 
 
 @dataclass(frozen=True, slots=True)

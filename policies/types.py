@@ -104,9 +104,24 @@ class Outcome:
     tpot_s: float | None = None
 
 
+def group_of(name: str) -> str:
+    """The configured backend a backend name stands for in policy params.
+
+    A replica the router discovered behind a configured backend's DNS name is named
+    ``<backend>@<address>`` (``vllm@10.0.3.7``; configured names cannot hold ``@``), and
+    policies treat it as that backend: ``group_of("vllm@10.0.3.7") == "vllm"``. Any other
+    name stands for itself.
+    """
+    return name.partition("@")[0]
+
+
 @dataclass(frozen=True, slots=True)
 class BackendInfo:
-    """What a policy may know about a configured backend when it is built."""
+    """What a policy may know about a configured backend when it is built.
+
+    Policies are built against the configured backends; the candidates they then rank may
+    be replicas discovered behind one of them (see :func:`group_of`).
+    """
 
     name: str
     engine: str

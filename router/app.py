@@ -14,8 +14,9 @@ import orjson
 from aiohttp import web
 
 from policies.base import Policy
-from policies.registry import PolicyConfigError, build_policy
+from policies.registry import BackendInfo, PolicyConfigError, build_policy
 from policies.types import REQUEST_CLASSES, Endpoint
+from router.backends.fleet import Fleet, Resolver, resolve_dns
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
 from router.batch.service import BatchService
@@ -43,14 +44,14 @@ BACKLOG = 2048
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_policies(
-    config: RouterConfig, pool: Pool, metrics: Metrics | None = None
-) -> dict[str, Policy]:
+def build_policies(config: RouterConfig, metrics: Metrics | None = None) -> dict[str, Policy]:
     """Every named policy, built by the registry; raises ConfigError with all their errors.
 
-    With ``metrics``, pipeline policies report each plugin's run time and emptied sets there.
+    Policies are built against the configured backends (a discovered one by its configured
+    name, which its replicas answer to: see policies.types.group_of). With ``metrics``,
+    pipeline policies report each plugin's run time and emptied sets there.
     """
-    infos = [b.info() for b in pool.backends]
+    infos = [BackendInfo(b.name, b.engine, b.priority_capable) for b in config.backends]
     out: dict[str, Policy] = {}
     errors: list[tuple[str, str]] = []
     for spec in config.policies:
@@ -68,15 +69,20 @@ def build_policies(
 
 
 def build_app(
-    config: RouterConfig, *, metrics: Metrics | None = None, config_path: Path | None = None
+    config: RouterConfig,
+    *,
+    metrics: Metrics | None = None,
+    config_path: Path | None = None,
+    resolver: Resolver = resolve_dns,
 ) -> web.Application:
     """The router app for ``config`` (backend URLs must be resolved already).
 
     With ``config_path``, ``POST /switchyard/reload`` (and :data:`RELOADER`) reload from it.
+    ``resolver`` looks up discovered backends' names (a test may give its own).
     """
     metrics = metrics if metrics is not None else Metrics()
     pool = Pool(config.backends, config.aliases, config.health, on_panic=metrics.panic_routing)
-    policies = build_policies(config, pool, metrics)
+    policies = build_policies(config, metrics)
     state = RouterState(
         config=config,
         pool=pool,
@@ -93,15 +99,13 @@ def build_app(
         slo=slo_table(policies, config.default_policy),
         tracing=tracing_from_env(),
     )
-    for b in pool.backends:
-        _watch(state.metrics, b)
     for cls in REQUEST_CLASSES:
         metrics.watch_queue(cls, partial(state.admission.waiting, cls))
     # Bodies are size-checked by the handler so that the 413 is OpenAI-shaped.
     guards = [_errors, single_headers, admin_only(lambda: state.gate)]
     app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=guards)
     app[STATE] = state
-    app.cleanup_ctx.append(_lifespan)
+    app.cleanup_ctx.append(partial(_lifespan, resolver=resolver))
     app.on_response_prepare.append(_server_header)
     _routes(app, state)
     if config.batch is not None:  # after the app's own lifespan: lines need the router up
@@ -122,6 +126,12 @@ def _watch(metrics: Metrics, backend: BackendState) -> None:
         return 1.0 if backend.healthy else 0.0
 
     metrics.watch_backend(backend.name, inflight, up)
+
+
+def _unwatch(state: RouterState, backend: BackendState) -> None:
+    """A backend left the pool: its gauges go, and so do its idle connections."""
+    state.metrics.unwatch_backend(backend.name)
+    state.connections.forget(backend.spec.url, backend.tls)
 
 
 def _routes(app: web.Application, state: RouterState) -> None:
@@ -225,7 +235,7 @@ async def _server_header(_: web.Request, response: web.StreamResponse) -> None:
     response.headers["Server"] = SERVER
 
 
-async def _lifespan(app: web.Application) -> AsyncIterator[None]:
+async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[None]:
     state = app[STATE]
     # limit=0: the router's own in-flight caps (max_inflight) bound the pool, not aiohttp.
     connector = aiohttp.TCPConnector(limit=0)
@@ -243,11 +253,20 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
         )
         await writer.start()
     state.started(session, connections, writer)
-    monitor = HealthMonitor(state.pool, session, state.config.health)
-    await monitor.start()
+    monitor = HealthMonitor(session, state.config.health)
+    state.fleet = Fleet(
+        state.pool,
+        monitor,
+        added=partial(_watch, state.metrics),
+        removed=partial(_unwatch, state),
+        resolver=resolver,
+    )
+    await state.fleet.start(state.config.backends)
     try:
         yield
     finally:
+        await state.fleet.aclose()
+        state.fleet = None
         await monitor.aclose()
         await state.shadows.aclose()
         state.stopped()

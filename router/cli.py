@@ -27,7 +27,6 @@ from pathlib import Path
 import uvloop
 
 from router.app import RELOADER, STATE, build_app, build_policies, listen_socket, serve
-from router.backends.pool import Pool
 from router.config.model import ConfigError, RouterConfig
 from router.config.parse import read_config
 from router.control.auth import Gate, exposure_warning
@@ -61,7 +60,7 @@ def load_checked(path: Path) -> RouterConfig:
     errors: list[tuple[str, str]] = []
     config = read_config(path, errors)
     try:
-        build_policies(config, Pool(config.backends, config.aliases, config.health))
+        build_policies(config)
     except ConfigError as exc:
         errors.extend(exc.errors)
     try:

@@ -5,11 +5,12 @@ plus the API keys' sources) and only then swaps it in; an invalid file is refuse
 error and the running config stays. In-flight requests keep the objects they started with
 (their policy, backend and key lease), so nothing is dropped.
 
-What a reload can change: policies (unchanged ones keep their learned state), the default
-policy, the policy header switch, API keys and their limits, classification, timeouts,
-failover, aliases, the access log, and each backend's models, ``max_inflight`` and
-``priority_capable``.
-Adding, removing or re-pointing backends, and the ``health``, ``capture``, ``limits``,
+What a reload can change: policies (unchanged ones keep their learned state while the
+configured backends stay the same), the default policy, the policy header switch, API keys
+and their limits, classification, timeouts, failover, aliases, the access log, and the
+backends: added, removed, re-pointed or re-discovered (router.backends.fleet; a removed
+backend's streams finish, the reload answers once the new backends were probed). Backends
+the router runs as emulator children, and the ``health``, ``capture``, ``limits``,
 ``shutdown``, ``admission`` and ``shadow`` sections, take a restart; a reload that changes
 them is refused, as is a new ``listen.max_body_bytes``; ``listen.host``/``port`` stay as
 running (the socket is already bound).
@@ -32,7 +33,6 @@ import orjson
 from aiohttp import web
 
 from policies.base import Policy
-from router.backends.pool import Pool
 from router.config.model import BackendSpec, ConfigError, RouterConfig
 from router.config.parse import read_config
 from router.control.auth import Gate
@@ -41,7 +41,7 @@ from router.proxy.state import RouterState
 from router.server.errors import RouterError, error_response
 
 log = logging.getLogger("router")
-BuildPolicies = Callable[[RouterConfig, Pool], dict[str, Policy]]
+BuildPolicies = Callable[[RouterConfig], dict[str, Policy]]
 _RESTART = ("health", "capture", "limits", "shutdown", "admission", "shadow")
 
 
@@ -76,12 +76,16 @@ class Reloader:
 
     async def _locked(self) -> None:
         async with self._lock:
-            self.reload()
+            if not self.reload() and self._state.fleet is not None:
+                await self._state.fleet.settled()
 
     async def handle(self, _: web.Request) -> web.Response:
-        """``POST /switchyard/reload`` (admin): 200 when applied, 400 with the errors."""
+        """``POST /switchyard/reload`` (admin): 200 when applied (new backends probed and
+        in the pool, discovered names looked up), 400 with the errors."""
         async with self._lock:
             errors = self.reload()
+            if not errors and self._state.fleet is not None:
+                await self._state.fleet.settled()
         if errors:
             message = "; ".join(f"{k}: {m}" if k else m for k, m in errors)
             err = RouterError(
@@ -116,16 +120,19 @@ class Reloader:
             errors.extend(exc.errors)
         policies: dict[str, Policy] = {}
         try:
-            policies = self._build(new, state.pool)
+            policies = self._build(replace(new, backends=specs))
         except ConfigError as exc:
             errors.extend(exc.errors)
         if errors or gate is None:
             raise ConfigError(errors)
-        for policy in old.policies:  # keep the live (learning) instance of an unchanged policy
-            if policy in new.policies:
-                policies[policy.name] = state.policies[policy.name]
-        for backend, spec in zip(state.pool.backends, specs, strict=True):
-            backend.spec = spec
+        # Keep the live (learning) instance of an unchanged policy, unless the backends it
+        # was built against changed: it may have resolved an engine kind to a list of names.
+        if _infos(old.backends) == _infos(specs):
+            for policy in old.policies:
+                if policy in new.policies:
+                    policies[policy.name] = state.policies[policy.name]
+        if state.fleet is not None:
+            state.fleet.apply(specs)
         state.pool.aliases = new.aliases
         state.policies = policies
         state.slo = slo_table(policies, new.default_policy)
@@ -141,16 +148,22 @@ class Reloader:
 def _backends(
     old: tuple[BackendSpec, ...], new: tuple[BackendSpec, ...], errors: list[tuple[str, str]]
 ) -> tuple[BackendSpec, ...]:
-    """The new specs with the running URLs; errors for changes that need a restart."""
-    if [b.name for b in old] != [b.name for b in new]:
-        errors.append(("backends", "adding, removing or reordering backends needs a restart"))
-        return old
+    """The new specs, emulator children's with their running URLs; errors for changes to
+    those (their children are started with the router)."""
+    running = {b.name: b for b in old if b.emulator is not None}
     out = []
-    for i, (o, n) in enumerate(zip(old, new, strict=True)):
-        # An emulator backend's URL is filled in when its child starts: keep the running one.
-        n = replace(n, url=o.url) if n.emulator is not None else n
-        for key in ("url", "engine", "emulator", "api_key_env"):
-            if getattr(o, key) != getattr(n, key):
-                errors.append((f"backends[{i}].{key}", "changing it needs a restart"))
-        out.append(n)
+    for i, spec in enumerate(new):
+        was = running.pop(spec.name, None)
+        if was is not None and spec.emulator is not None:
+            spec = replace(spec, url=was.url)  # filled in when its child started
+        changed = was is not None and was.emulator != spec.emulator
+        if changed or (was is None) != (spec.emulator is None):
+            errors.append((f"backends[{i}]", "emulator backends are fixed at start (restart)"))
+        out.append(spec)
+    for name in running:
+        errors.append(("backends", f"emulator backend {name!r} is fixed at start (restart)"))
     return tuple(out)
+
+
+def _infos(specs: tuple[BackendSpec, ...]) -> list[tuple[str, str, bool]]:
+    return [(b.name, b.engine, b.priority_capable) for b in specs]

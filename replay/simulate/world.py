@@ -58,6 +58,9 @@ class World:
         errors: list[tuple[str, str]] = []
         self.backends: list[Backend] = []
         for i, spec in enumerate(config.backends):
+            if spec.discover is not None:  # its replicas are found by DNS at run time only
+                errors.append((f"backends[{i}]", f"{spec.name}: discovered; list its replicas"))
+                continue
             name = profiles.get(spec.name) or (spec.emulator.profile if spec.emulator else None)
             if name is None:
                 errors.append((f"backends[{i}]", f"{spec.name}: no emulator; name a --profile"))
@@ -81,7 +84,7 @@ class World:
         if errors:
             raise ConfigError(errors)
         self.by_name = {b.state.name: b for b in self.backends}
-        self.policies: dict[str, Policy] = build_policies(config, self.pool)
+        self.policies: dict[str, Policy] = build_policies(config)
 
     def _clock(self) -> float:
         return self.now

@@ -10,38 +10,40 @@ import aiohttp
 import orjson
 
 from router.backends.engines import parse_load
-from router.backends.pool import BackendState, Pool
+from router.backends.pool import BackendState
 from router.config.model import HealthSettings
 
 
 class HealthMonitor:
-    """Runs one probe loop per backend until :meth:`aclose`."""
+    """Runs one probe loop per watched backend (router.backends.fleet decides which)."""
 
-    def __init__(
-        self,
-        pool: Pool,
-        session: aiohttp.ClientSession,
-        settings: HealthSettings,
-    ) -> None:
-        self._pool = pool
+    def __init__(self, session: aiohttp.ClientSession, settings: HealthSettings) -> None:
         self._session = session
         self._settings = settings
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[BackendState, asyncio.Task[None]] = {}
 
-    async def start(self) -> None:
-        """Probe every backend once (so /ready is right from the start), then keep probing."""
-        await asyncio.gather(
-            *(self._round(b, models=True, scrape=True, first=True) for b in self._pool.backends)
-        )
-        self._tasks = [asyncio.create_task(self._loop(b)) for b in self._pool.backends]
+    async def first(self, backend: BackendState) -> None:
+        """Probe, list models and scrape once: a backend is judged before it is offered."""
+        await self._round(backend, models=True, scrape=True, first=True)
+
+    def watch(self, backend: BackendState) -> None:
+        """Keep probing ``backend`` until :meth:`unwatch`."""
+        self._tasks[backend] = asyncio.create_task(self._loop(backend))
+
+    def unwatch(self, backend: BackendState) -> None:
+        """Stop probing ``backend`` (its loop is cancelled; nothing waits for it)."""
+        task = self._tasks.pop(backend, None)
+        if task is not None:
+            task.cancel()
 
     async def aclose(self) -> None:
-        for t in self._tasks:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        self._tasks = []
 
     async def _loop(self, backend: BackendState) -> None:
         s = self._settings

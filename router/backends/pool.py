@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from policies.registry import BackendInfo
-from policies.types import Candidate, EngineLoad, RequestInfo
+from policies.types import Candidate, EngineLoad, RequestInfo, group_of
 from router.backends.breaker import Breaker
 from router.config.backends import ClientTls, client_tls
 from router.config.model import BackendSpec, HealthSettings
@@ -118,9 +117,6 @@ class BackendState:
             priority_capable=self.spec.priority_capable,
         )
 
-    def info(self) -> BackendInfo:
-        return BackendInfo(self.spec.name, self.spec.engine, self.spec.priority_capable)
-
     def describe(self) -> dict[str, object]:
         """The ``/switchyard/backends`` entry."""
         load = self.load
@@ -206,6 +202,9 @@ class Pool:
 
     The ejection cap counts all backends, not a model's: Envoy caps a cluster, and a router's
     backends are one. A model served by only some of them is covered by panic mode instead.
+
+    The set changes only through :meth:`add` and :meth:`remove` (router.backends.fleet):
+    a removed backend's object lives on in the leases of its requests still in flight.
     """
 
     def __init__(
@@ -216,22 +215,45 @@ class Pool:
         clock: Clock = time.monotonic,
         on_panic: Callable[[str], None] = lambda model: None,
     ) -> None:
-        # The epsilon keeps 0.3 * 10 from rounding down to 2.
-        self._max_ejected = math.floor(health.max_ejected_fraction * len(specs) + 1e-9)
+        self._health = health
+        self._clock = clock
         self._on_panic = on_panic
-        self.backends = [BackendState(s, health, clock, self._may_eject) for s in specs]
+        # Discovered entries join as their replicas are found (router.backends.fleet).
+        self.backends = [self.state(s) for s in specs if s.discover is None]
         self.by_name = {b.name: b for b in self.backends}
         self.aliases = aliases
 
+    def state(self, spec: BackendSpec) -> BackendState:
+        """A backend for ``spec`` under this pool's settings, not yet in it (see :meth:`add`)."""
+        return BackendState(spec, self._health, self._clock, self._may_eject)
+
+    def add(self, backend: BackendState) -> None:
+        """``backend`` is offered to policies from now on (its name must be new)."""
+        self.backends.append(backend)
+        self.by_name[backend.name] = backend
+
+    def remove(self, name: str) -> BackendState | None:
+        """Offer ``name`` no more; the requests it holds finish on the returned object."""
+        backend = self.by_name.pop(name, None)
+        if backend is not None:
+            self.backends.remove(backend)
+        return backend
+
+    def members(self, name: str) -> list[BackendState]:
+        """The backends a configured name stands for: itself, or its discovered replicas."""
+        return [b for b in self.backends if group_of(b.name) == name]
+
     def _may_eject(self) -> bool:
         """The ejection cap: one more backend may be ejected without passing it."""
-        return sum(b.breaker.ejected for b in self.backends) < self._max_ejected
+        # The epsilon keeps 0.3 * 10 from rounding down to 2.
+        cap = math.floor(self._health.max_ejected_fraction * len(self.backends) + 1e-9)
+        return sum(b.breaker.ejected for b in self.backends) < cap
 
     def upstream_model(self, backend: BackendState, model: str) -> str | None:
         """The model name ``backend`` knows client ``model`` by; None if it cannot serve it."""
         alias = self.aliases.get(model)
         if alias is not None:
-            return alias.get(backend.name)
+            return alias.get(group_of(backend.name))
         served = backend.models
         if not served or model in served:
             return model

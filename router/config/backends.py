@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from common.schema import Reader, join
-from router.config.model import ROUTER_HEADERS, BackendSpec, EmulatorSpec, UpstreamTls
+from router.config.model import (
+    ROUTER_HEADERS,
+    BackendSpec,
+    DnsDiscovery,
+    EmulatorSpec,
+    UpstreamTls,
+)
 
 
 def read_backends(top: Reader) -> tuple[BackendSpec, ...]:
@@ -26,18 +32,23 @@ def read_backends(top: Reader) -> tuple[BackendSpec, ...]:
         if name in seen:
             m.error("name", f"duplicate backend name {name!r}")
         seen.add(name)
+        if "@" in name:  # it separates a discovered replica's address (policies.types.group_of)
+            m.error("name", "cannot contain '@'")
         url = m.string("url", "")
         emulator = _emulator(m.child("emulator")) if m.raw_value("emulator") is not None else None
-        if url and emulator is not None:
-            m.error(None, "give either url or emulator, not both")
-        elif emulator is None and not m.has("url") and m.raw:
-            m.error("url", "is required (or give emulator)")
+        discover = _discover(m.child("discover")) if m.raw_value("discover") is not None else None
+        given = [k for k, v in (("url", url), ("emulator", emulator), ("discover", discover)) if v]
+        if len(given) > 1:
+            m.error(None, "give one of url, emulator or discover")
+        elif not given and not m.has("url") and m.raw:
+            m.error("url", "is required (or give emulator or discover)")
         elif url and not _http_url(url):
             m.error("url", "expected an http(s) URL with a host")
         tls = _tls(m.child("tls")) if m.raw_value("tls") is not None else None
         if tls is not None:
-            if not url.startswith("https://"):
-                m.error("tls", "applies to an https URL only")
+            https = discover.scheme == "https" if discover is not None else url.startswith("https:")
+            if not https:
+                m.error("tls", "applies to an https backend only")
             else:
                 _check_files(m, tls)
         out.append(
@@ -52,6 +63,7 @@ def read_backends(top: Reader) -> tuple[BackendSpec, ...]:
                 emulator=emulator,
                 forward_headers=_forward_headers(m),
                 tls=tls,
+                discover=discover,
             )
         )
         m.done()
@@ -87,6 +99,25 @@ def _emulator(m: Reader) -> EmulatorSpec:
         time_scale=m.number("time_scale", 1.0, low=1e-6),
         seed=m.integer("seed", 0, low=None),
         model=m.string("model"),
+    )
+    m.done()
+    return out
+
+
+_HOST = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_-]{1,63})*\.?")
+
+
+def _discover(m: Reader) -> DnsDiscovery:
+    dns = m.string("dns", "", required=True)
+    if dns and not _HOST.fullmatch(dns):
+        m.error("dns", "expected a DNS name")
+    if not m.has("port"):
+        m.error("port", "is required")
+    out = DnsDiscovery(
+        dns=dns,
+        port=m.integer("port", 0, low=1, high=65535),
+        scheme=m.choice("scheme", ("http", "https"), "http"),
+        interval=m.number("interval_seconds", 10.0, low=0.1),
     )
     m.done()
     return out

@@ -62,6 +62,17 @@ class UpstreamTls:
 
 
 @dataclass(frozen=True, slots=True)
+class DnsDiscovery:
+    """Every address a DNS name resolves to is one backend (a Kubernetes headless Service)."""
+
+    dns: str
+    port: int
+    scheme: Literal["http", "https"] = "http"
+    interval: float = 10.0
+    """Seconds between lookups."""
+
+
+@dataclass(frozen=True, slots=True)
 class BackendSpec:
     name: str
     engine: str
@@ -79,6 +90,9 @@ class BackendSpec:
     negotiation, trace context, User-Agent; see router.proxy.upstream)."""
     tls: UpstreamTls | None = None
     """TLS settings of an ``https`` backend; None: verify against the system's trust store."""
+    discover: DnsDiscovery | None = None
+    """Set: this entry stands for the replicas found behind a DNS name, each a backend of its
+    own named ``<name>@<address>`` (see router.backends.fleet); ``url`` is then empty."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ series per plugin when it is built, and per request only observes into it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -289,6 +290,13 @@ class Metrics:
         """Read a backend's gauges from live state at scrape time (nothing per request)."""
         self._inflight.labels(backend).set_function(inflight)
         self._up.labels(backend).set_function(up)
+
+    def unwatch_backend(self, backend: str) -> None:
+        """A backend left the router: its gauges go (Prometheus then marks them stale). Its
+        request counters and histograms stay, as counters of a running process do."""
+        for gauge in (self._inflight, self._up):
+            with contextlib.suppress(KeyError):
+                gauge.remove(backend)
 
     def failover(self, policy: str, backend: str) -> None:
         self._failovers.labels(policy, backend).inc()

@@ -410,6 +410,11 @@ class ConnectionPool:
         conn.idle_since = time.monotonic()
         self._idle.setdefault((conn.origin, conn.tls), deque()).append(conn)
 
+    def forget(self, url: str, tls: ClientTls | None) -> None:
+        """Close the idle connections to a backend that left (``url``: its base URL)."""
+        for conn in self._idle.pop((split_url(url)[0], tls), ()):
+            conn.abort()
+
     def close(self) -> None:
         """Close every idle connection (connections in use close on release)."""
         self._closed = True

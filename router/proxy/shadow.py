@@ -99,7 +99,9 @@ class Shadows:
         self, s: ShadowSettings, info: RequestInfo, shadow_policy: Policy | None
     ) -> BackendState | None:
         if shadow_policy is None:  # a backend (config: exactly one of backend / policy)
-            return self._pool.by_name[s.backend] if s.backend is not None else None
+            # ...or the first healthy replica discovered behind it; none if it has gone.
+            members = self._pool.members(s.backend) if s.backend is not None else []
+            return next((b for b in members if b.healthy), members[0] if members else None)
         candidates = self._pool.candidates(info.model)
         if not candidates:
             return None
@@ -108,7 +110,7 @@ class Shadows:
         except Exception:  # a shadow policy's bug must never touch served traffic
             log.exception("shadow policy %s failed to choose", s.policy)
             return None
-        return self._pool.by_name[ranked[0]] if ranked else None
+        return self._pool.by_name.get(ranked[0]) if ranked else None
 
     async def _send(
         self,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from policies.base import Policy
+from router.backends.fleet import Fleet
 from router.backends.pool import Pool
 from router.config.model import RouterConfig
 from router.control.admission import Admission
@@ -44,6 +45,8 @@ class RouterState:
     capture: CaptureWriter | None = None
     """The capture writer, when the config captures."""
     access_log: AccessLog = field(default_factory=AccessLog)
+    fleet: Fleet | None = None
+    """Adds and removes backends (between the app's startup and cleanup)."""
     on_finish: list[Callable[[str, str, float | None], None]] = field(default_factory=list)
     """Told each finished request's class, backend and TTFT (the batch executor's pacing)."""
     tracing: Tracing = field(default_factory=NoTracing)

@@ -136,7 +136,7 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     res = subprocess.run([*argv, str(bad)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "backends[0].engine: is required" in res.stderr
-    assert "backends[0].url: is required (or give emulator)" in res.stderr
+    assert "backends[0].url: is required (or give emulator or discover)" in res.stderr
     assert "default_policy: is required" in res.stderr
     broken = tmp_path / "broken.yaml"
     broken.write_text("backends: [\n")
