@@ -116,7 +116,7 @@ async def sample_inflight(
             found = _INFLIGHT.search(await resp.text())
         if found is not None:
             samples.append(int(float(found.group(1))))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # a scrape costs the router CPU: not more often
 
 
 async def alongside(

@@ -4,9 +4,10 @@ With an interactive TTFT SLO (the policies' goodput targets, router.control.slo)
 starts at ``initial_concurrency`` and, once per :data:`PERIOD`, while the lines want more than
 it allows:
 
-- grows by a tenth, at least one line (additive increase) while the interactive P95 TTFT of
-  the last :data:`WINDOW` seconds stays under ``headroom`` x its SLO (or there is no
-  interactive traffic to protect);
+- grows while the interactive P95 TTFT of the last :data:`WINDOW` seconds stays under
+  ``headroom`` x its SLO (or there is no interactive traffic to protect): doubles until the
+  first decrease (TCP's slow start: a batch reaches the capacity it is given in a few
+  periods), then by a tenth, at least one line (additive increase);
 - halves (multiplicative decrease, not below ``min_concurrency``) when it does not, and when
   the router turned lines away (429 or saturation), which says the batch pool is full.
 
@@ -48,6 +49,7 @@ class Pacer:
         self._ttfts: deque[tuple[float, str, float]] = deque(maxlen=_KEEP)
         self._batch_seen: dict[str, float] = {}
         self._refused = False
+        self._slow_start = True
         self._last = time.monotonic()
         self.limit = float(
             settings.initial_concurrency if slo_ttft is not None else settings.max_concurrency
@@ -90,6 +92,8 @@ class Pacer:
         p95 = self.p95(now)
         if self._refused or (p95 is not None and p95 > self._target):
             self.limit = max(float(s.min_concurrency), self.limit / 2)
+            self._slow_start = False
         elif wanting:
-            self.limit = min(float(s.max_concurrency), self.limit + max(1.0, self.limit / 10))
+            grown = self.limit * 2 if self._slow_start else self.limit + max(1.0, self.limit / 10)
+            self.limit = min(float(s.max_concurrency), grown)
         self._refused = False

@@ -1,6 +1,6 @@
 """A batch runs while interactive traffic runs (the small version of benchmarks/batch_api.py):
 it completes with one output line per custom_id, and its window follows the interactive TTFT:
-it shrinks towards the floor while interactive requests miss their SLO, and grows past its
+it shrinks to the floor while interactive requests miss their SLO, and grows past its
 start while they meet it. Round-robin routes both classes to both engines, so every
 interactive request shares a backend with the batch (and counts); the SLO is the adaptive
 policy's, which every policy of the router is judged by.
@@ -43,8 +43,8 @@ def interactive(client: openai.OpenAI, stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
-# Shrinking to one line at a time, fewer lines do.
-@pytest.mark.parametrize(("ttft_slo", "grows", "lines"), [(0.001, False, 40), (600.0, True, 120)])
+# Shrinking to one line at a time, fewer lines do (they still outlast the halvings).
+@pytest.mark.parametrize(("ttft_slo", "grows", "lines"), [(0.001, False, 60), (600.0, True, 120)])
 def test_the_window_follows_the_interactive_slo(
     tmp_path: Path, ttft_slo: float, grows: bool, lines: int
 ) -> None:
@@ -94,4 +94,4 @@ def test_the_window_follows_the_interactive_slo(
     if grows:
         assert max(seen) > 4, seen
     else:
-        assert min(seen) < 4 and max(seen) <= 4, seen
+        assert min(seen) == 1, seen  # the floor (after at most a slow start's first steps)

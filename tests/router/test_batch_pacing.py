@@ -31,13 +31,17 @@ def test_without_an_slo_the_window_is_the_budget(clock: list[float]) -> None:
     assert step(pacer, clock) == 20
 
 
-def test_grows_while_interactive_ttft_holds_and_lines_want_more(clock: list[float]) -> None:
+def test_doubles_then_grows_by_a_tenth_while_interactive_ttft_holds(clock: list[float]) -> None:
     pacer = Pacer(SETTINGS, slo_ttft=1.0)
     assert pacer.window == 4
+    pacer.observe("batch", "vllm", 9.0)
     for _ in range(10):
         pacer.observe("interactive", "vllm", 0.2)  # under headroom x SLO = 0.5 s
-    assert [step(pacer, clock) for _ in range(4)] == [5, 6, 7, 8]
-    assert step(pacer, clock, wanting=False) == 8  # nothing waiting: no reason to grow
+    assert [step(pacer, clock) for _ in range(3)] == [8, 16, 20]  # slow start, to the ceiling
+    pacer.refused()  # the first decrease ends the slow start
+    assert step(pacer, clock) == 10
+    assert [step(pacer, clock) for _ in range(3)] == [11, 12, 13]
+    assert step(pacer, clock, wanting=False) == 13  # nothing waiting: no reason to grow
     assert max(step(pacer, clock) for _ in range(60)) == 20  # never past the ceiling
 
 
@@ -52,7 +56,7 @@ def test_halves_when_interactive_p95_passes_the_target(clock: list[float]) -> No
     assert step(pacer, clock) == 2
     assert step(pacer, clock) == 2  # never under the floor
     clock[0] += pacing.WINDOW  # the slow answers age out of the window: growth resumes
-    assert step(pacer, clock) == 3
+    assert step(pacer, clock) == 3  # additively: the slow start ended at the first halving
 
 
 def test_only_interactive_requests_on_backends_the_batch_uses_count(clock: list[float]) -> None:
@@ -60,9 +64,9 @@ def test_only_interactive_requests_on_backends_the_batch_uses_count(clock: list[
     pacer.observe("batch", "deepinfer", 9.0)
     for _ in range(20):
         pacer.observe("interactive", "vllm", 3.0)  # slow, but not where the batch runs
-    assert step(pacer, clock) == 5
+    assert step(pacer, clock) == 8
     pacer.observe("batch", "vllm", 9.0)  # now the batch shares vllm: the same TTFTs count
-    assert step(pacer, clock) == 2
+    assert step(pacer, clock) == 4
 
 
 def test_few_samples_are_no_signal_and_refusals_halve(clock: list[float]) -> None:
@@ -70,6 +74,6 @@ def test_few_samples_are_no_signal_and_refusals_halve(clock: list[float]) -> Non
     pacer.observe("batch", "vllm", 9.0)
     for _ in range(pacing.MIN_SAMPLES - 1):
         pacer.observe("interactive", "vllm", 5.0)
-    assert step(pacer, clock) == 5
+    assert step(pacer, clock) == 8
     pacer.refused()
-    assert step(pacer, clock) == 2
+    assert step(pacer, clock) == 4
