@@ -10,6 +10,12 @@ nothing it sends makes the meter raise (see :attr:`StreamMeter.protocol_errors`)
 
 Definitions follow vLLM's serving benchmark: TTFT is the time to the first event carrying
 content; ITL are the gaps between content events; TPOT is ``(e2e - ttft) / (tokens - 1)``.
+
+The Responses API's typed events (``event: response.output_text.delta`` and a ``data`` line
+whose ``type`` repeats it) are read the same way: content is a non-empty text, reasoning or
+function-call argument delta, the stream ends at ``response.completed`` (or ``.incomplete``,
+``.failed``) rather than ``[DONE]``, and that event's response carries the usage
+(``input_tokens``, ``output_tokens``), status and error.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ MAX_USAGE_TOKENS = 100_000_000
 """Token counts above this (or negative, or not whole numbers) are ignored as ``bad_usage``."""
 
 _DATA = b"data:"
+_EVENT = b"event:"
+_DELTA = b".delta"
 _DONE = b"[DONE]"
 _BAD = object()  # what _parse returns for an event that is not JSON
 _WS = rb"[ \t\r\n]*"  # JSON whitespace
@@ -55,11 +63,30 @@ _NOT_NULL = _WS + b":" + _WS + rb"[^n \t\r\n]"  # after a key: a value other tha
 # An event is parsed only if one of these keys occurs in it with a value: the content keys
 # until the first content (in every event when tracking gaps), the others in any event.
 _CONTENT_HINT = re.compile(
-    rb'"(?:content|text|reasoning|reasoning_content|tool_calls)"' + _NOT_NULL
+    rb'"(?:content|text|reasoning|reasoning_content|tool_calls|delta)"' + _NOT_NULL
 )
-_META_HINT = re.compile(rb'"(?:error|finish_reason|usage)"' + _NOT_NULL)
+# ... and the Responses API's last events and error event, whatever they carry.
+_META_HINT = re.compile(
+    rb'"(?:error|finish_reason|usage)"'
+    + _NOT_NULL
+    + rb'|"type"'
+    + _WS
+    + b":"
+    + _WS
+    + rb'"(?:response\.(?:completed|incomplete|failed)|error)"'
+)
 _ERROR_START = re.compile(_WS + rb"\{" + _WS + rb'"error"')
 _DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
+# Responses API events that carry generated content, and those that end a stream.
+_CONTENT_TYPES = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+_LAST_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 def _blank_line(data: bytes, pos: int) -> int:
@@ -383,6 +410,17 @@ class StreamMeter:
             e = t - 2 if buf[t - 1] == _LF and buf[t - 2] == _CR else t - 1
             if buf.find(b"\n", s, e) < 0 and buf.find(b"\r", s, e) < 0:
                 return self._payload(buf[s + 6 if buf[s + 5] == 0x20 else s + 5 : e], now)
+        elif buf.startswith(_EVENT, s):  # a typed event: `event: NAME`, then one `data:` line
+            e = t - 1
+            n = buf.find(b"\n", s, e)
+            if (
+                n > 0
+                and buf.startswith(_DATA, n + 1)
+                and buf.find(b"\n", n + 1, e) < 0
+                and buf.find(b"\r", s, e) < 0
+            ):
+                token = buf.find(_DELTA, s, n) >= 0  # only delta events stand for tokens
+                return self._payload(buf[n + 7 if buf[n + 6] == 0x20 else n + 6 : e], now, token)
         if self._bom:
             self._bom = False
             s += 3  # the first event starts with it
@@ -394,13 +432,15 @@ class StreamMeter:
             return True  # comments (": keep-alive") or fields we do not meter
         return self._payload(b"\n".join(values), now)
 
-    def _payload(self, payload: bytes, now: float) -> bool:
-        """Meter an event's data; False if the event must not be forwarded."""
+    def _payload(self, payload: bytes, now: float, token: bool = True) -> bool:
+        """Meter an event's data; False if the event must not be forwarded. ``token``: the
+        event counts in :attr:`data_events` (a typed event named other than ``*.delta`` not)."""
         self.last_event = now
         if payload == _DONE or (len(payload) < 16 and payload.strip() == _DONE):
             self.done = True
             return True
-        self.data_events += 1
+        if token:
+            self.data_events += 1
         if (self._track_gaps or self.first_content is None) and _CONTENT_HINT.search(payload):
             doc = self._parse(payload)
             if _has_content(doc):
@@ -421,6 +461,10 @@ class StreamMeter:
             if doc is not _BAD:
                 self._count("bad_json")
             return True
+        kind = doc.get("type")
+        if kind is not None:
+            self._typed(kind, doc)
+            return True
         err = doc.get("error")
         if err is not None:
             self.error = _error(err)
@@ -440,6 +484,36 @@ class StreamMeter:
         self._usage(usage)
         # The usage-only event: the one to drop when the router asked for it, not the client.
         return not (self._strip_usage and (choices is None or choices == []))
+
+    def _typed(self, kind: object, doc: Mapping[str, Any]) -> None:
+        """A Responses API event: its error event, or a last event and its response."""
+        if kind == "error":  # the error's fields at the top: code, message, param
+            self.error = {k: doc.get(k) for k in ("message", "code", "param")}
+        elif kind in _LAST_TYPES:
+            self.done = True
+            response = doc.get("response")
+            if isinstance(response, dict):
+                self._response(response)
+            else:
+                self._count("bad_json")
+
+    def _response(self, response: Mapping[str, Any]) -> None:
+        """A Responses API response object's usage, status (as a finish reason: ``stop`` when
+        completed, ``length`` when cut at ``max_output_tokens``, else the reason given) and
+        error."""
+        usage = response.get("usage")
+        if usage is not None:
+            self._usage(usage)
+        err = response.get("error")
+        if err is not None:
+            self.error = _error(err)
+        status = response.get("status")
+        if status == "completed":
+            self._finish("stop")
+        elif status == "incomplete":
+            details = response.get("incomplete_details")
+            reason = details.get("reason") if isinstance(details, dict) else None
+            self._finish("length" if reason == "max_output_tokens" else reason)
 
     def _parse(self, payload: bytes) -> object:
         """The JSON in ``payload``, or ``_BAD`` (counted) if it is not valid JSON."""
@@ -480,6 +554,8 @@ class StreamMeter:
             self._count("bad_usage")
             return
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if prompt is None and completion is None:  # the Responses API's names
+            prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
         if _is_count(prompt):
             self.prompt_tokens = prompt
         if _is_count(completion):
@@ -499,6 +575,13 @@ class StreamMeter:
         if not isinstance(doc, dict):
             if doc is not _BAD:
                 self._count("bad_json")
+            return
+        if doc.get("object") == "response":
+            self._response(doc)
+            output = doc.get("output")
+            if isinstance(output, list):
+                self.body_tokens = sum(_output_tokens(o) for o in output if isinstance(o, dict))
+            self.content_events = 1
             return
         err = doc.get("error")
         if err is not None:
@@ -536,9 +619,13 @@ def _error(err: object) -> dict[str, object]:
 
 def _has_content(doc: object) -> bool:
     """Whether a parsed event carries generated content: a non-empty text, reasoning or tool
-    call in one of its choices."""
+    call in one of its choices, or a Responses API content delta."""
     if not isinstance(doc, dict):
         return False
+    kind = doc.get("type")
+    if kind is not None:
+        delta = doc.get("delta")
+        return kind in _CONTENT_TYPES and isinstance(delta, str) and delta != ""
     choices = doc.get("choices")
     if not isinstance(choices, list):
         return False
@@ -567,3 +654,15 @@ def _generated_tokens(choice: Mapping[str, Any]) -> int:
     message = choice.get("message")
     text = message.get("content") if isinstance(message, dict) else choice.get("text")
     return count_text(message_text(text)) if text is not None else 0
+
+
+def _output_tokens(item: Mapping[str, Any]) -> int:
+    """Tokens of one Responses API output item's text parts."""
+    content = item.get("content")
+    if not isinstance(content, list):
+        return 0
+    return sum(
+        count_text(p["text"])
+        for p in content
+        if isinstance(p, dict) and isinstance(p.get("text"), str)
+    )

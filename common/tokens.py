@@ -7,7 +7,11 @@ Switchyard that needs a token count uses this rule instead:
   character (punctuation, symbols). ``"Hello, world!"`` is 4 tokens.
 * chat: each message costs its text's tokens plus ``MESSAGE_OVERHEAD`` (role and template
   markers), and the prompt ends with ``REPLY_OVERHEAD`` tokens that open the assistant's turn.
-  Content given as a list of parts counts only its ``text`` parts.
+  Content given as a list of parts counts only its text parts (``text``, and the Responses
+  API's ``input_text`` and ``output_text``).
+* a Responses API request counts as the chat it is rendered to: ``instructions`` a system
+  message, then the ``input`` (a string is one user message; an item without text, such as a
+  function call's output, costs its overhead alone).
 
 The same text always gives the same count, so usage figures, ``/tokenize`` and synthesized
 replay prompts agree.
@@ -16,11 +20,12 @@ replay prompts agree.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 MESSAGE_OVERHEAD = 4
 REPLY_OVERHEAD = 2
+_TEXT_PARTS = ("text", "input_text", "output_text")
 
 
 def text_tokens(text: str) -> list[str]:
@@ -41,7 +46,9 @@ def message_text(content: object) -> str:
         return " ".join(
             p["text"]
             for p in content
-            if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            if isinstance(p, Mapping)
+            and p.get("type") in _TEXT_PARTS
+            and isinstance(p.get("text"), str)
         )
     return ""
 
@@ -52,3 +59,16 @@ def count_chat(messages: Iterable[Mapping[str, object]]) -> int:
     for m in messages:
         total += MESSAGE_OVERHEAD + count_text(message_text(m.get("content")))
     return total
+
+
+def response_messages(value: object, instructions: object = None) -> list[Mapping[str, object]]:
+    """A Responses API request's ``input`` and ``instructions`` as the chat messages it is
+    rendered to (see the module's rule)."""
+    out: list[Mapping[str, object]] = []
+    if isinstance(instructions, str) and instructions:
+        out.append({"role": "system", "content": instructions})
+    if isinstance(value, str):
+        out.append({"role": "user", "content": value})
+    elif isinstance(value, Sequence):
+        out.extend(item for item in value if isinstance(item, Mapping))
+    return out

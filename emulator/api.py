@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
-from common.tokens import count_chat, count_text
+from common.tokens import count_chat, count_text, response_messages
+
+Api = Literal["chat", "completions", "responses"]
 
 _TYPES = {
     400: "BadRequestError",
@@ -45,9 +47,9 @@ class ApiError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """What a chat or completion request asks the engine for."""
+    """What a chat, completion or Responses API request asks the engine for."""
 
-    chat: bool
+    api: Api
     model: str
     prompt_tokens: int
     max_tokens: int | None
@@ -109,8 +111,15 @@ def check_model(doc: Mapping[str, Any], served: str) -> str:
     return model
 
 
-def _prompt_tokens(doc: Mapping[str, Any], chat: bool) -> int:
-    if chat:
+def _prompt_tokens(doc: Mapping[str, Any], api: Api) -> int:
+    if api == "responses":
+        value, instructions = doc.get("input"), doc.get("instructions")
+        if not (isinstance(value, str) or _items(value)):
+            raise ApiError(400, "`input` must be a string or a list of input items.", "input")
+        if instructions is not None and not isinstance(instructions, str):
+            raise ApiError(400, "`instructions` must be a string.", "instructions")
+        return count_chat(response_messages(value, instructions))
+    if api == "chat":
         messages = doc.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "`messages` must be a non-empty list.", "messages")
@@ -130,13 +139,21 @@ def _prompt_tokens(doc: Mapping[str, Any], chat: bool) -> int:
     raise ApiError(400, "`prompt` must be a string or a list of token ids.", "prompt")
 
 
-def parse_generation(doc: Mapping[str, Any], *, chat: bool, served: str) -> Generation:
-    """Validate a chat (``chat=True``) or completions body."""
+def _items(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def parse_generation(doc: Mapping[str, Any], *, api: Api, served: str) -> Generation:
+    """Validate a chat, completions or Responses API body."""
     model = check_model(doc, served)
-    prompt_tokens = _prompt_tokens(doc, chat)
+    prompt_tokens = _prompt_tokens(doc, api)
     max_tokens = _int(doc, "max_tokens", 1)
-    if chat:
+    if api == "chat":
         max_tokens = _int(doc, "max_completion_tokens", 1) or max_tokens
+    elif api == "responses":
+        max_tokens = _int(doc, "max_output_tokens", 1)
+        if _bool(doc, "background"):  # nothing is stored to fetch it from later
+            raise ApiError(400, "`background` mode is not supported.", "background")
     min_tokens = _int(doc, "min_tokens", 0) or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise ApiError(400, "`min_tokens` must not exceed `max_tokens`.", "min_tokens")
@@ -161,7 +178,7 @@ def parse_generation(doc: Mapping[str, Any], *, chat: bool, served: str) -> Gene
             raise ApiError(400, "`stream_options` must be an object.", "stream_options")
         include_usage = _bool(options, "include_usage")
     return Generation(
-        chat=chat,
+        api=api,
         model=model,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,

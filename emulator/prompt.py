@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common.tokens import message_text, text_tokens
+from common.tokens import message_text, response_messages, text_tokens
+from emulator.api import Api
 
 _START, _END, _NEWLINE = "<|start|>", "<|end|>", "\n"
 
@@ -32,10 +33,13 @@ def chat_ids(messages: Iterable[Mapping[str, object]]) -> list[int]:
     return ids
 
 
-def prompt_ids(doc: Mapping[str, Any], *, chat: bool) -> list[int]:
-    """The prompt's ids for a body that passed validation (``messages`` or ``prompt``)."""
-    if chat:
+def prompt_ids(doc: Mapping[str, Any], api: Api) -> list[int]:
+    """The prompt's ids for a body that passed validation (``messages``, ``prompt``, or a
+    Responses API request's ``input`` and ``instructions``, rendered as a chat)."""
+    if api == "chat":
         return chat_ids(doc["messages"])
+    if api == "responses":
+        return chat_ids(response_messages(doc["input"], doc.get("instructions")))
     prompt = doc["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]

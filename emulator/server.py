@@ -1,6 +1,7 @@
 """The emulator's HTTP surface, shaped like vLLM's OpenAI-compatible server.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
+(emulator/responses.py), ``POST /v1/embeddings``,
 ``POST /tokenize``, ``POST /detokenize``, ``GET /v1/models``, ``GET /health``,
 ``GET /metrics``. Generation requests are validated, given a fault plan, turned into a
 :class:`~emulator.model.Sequence` and handed to the :class:`~emulator.driver.Driver`; the
@@ -20,13 +21,21 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from emulator.api import ApiError, Generation, check_context, parse_generation, parse_json
+from emulator.api import (
+    Api,
+    ApiError,
+    Generation,
+    check_context,
+    parse_generation,
+    parse_json,
+)
 from emulator.driver import Driver
 from emulator.faults import HEADER, FaultPlan, injected_error, plan_for
 from emulator.metrics import EngineMetrics
 from emulator.model import Engine, Sequence
 from emulator.profiles import Profile
 from emulator.prompt import output_ids, prompt_ids
+from emulator.responses import ResponseFraming
 from emulator.surface import detokenize_body, embeddings_body, models_body, tokenize_body
 from emulator.text import natural_length, output_pieces, request_rng
 
@@ -57,12 +66,13 @@ class _State:
 class _Job:
     """One generation request on its way through the engine."""
 
+    doc: dict[str, object]
     gen: Generation
     seq: Sequence
     pieces: list[str]
     plan: FaultPlan
     request_id: str  # X-Request-Id as given, or generated
-    rid: str  # response id: chatcmpl-<request_id> or cmpl-<request_id>
+    rid: str  # response id: chatcmpl-, cmpl- or resp_ and the request id
     finish: str
     started: float
     created: int
@@ -73,20 +83,41 @@ OPTIONS = web.AppKey("emulator_options", ServerOptions)
 
 
 class _Chunks:
-    """Pre-encoded SSE event framing for one response: only the text changes per chunk."""
+    """Pre-encoded SSE event framing for one chat or completions stream: only the text
+    changes per chunk."""
 
-    __slots__ = ("final", "head", "tail")
+    __slots__ = ("_chat", "_final", "_gen", "_head", "_meta", "_tail")
 
     def __init__(self, gen: Generation, rid: str, created: int, finish: str) -> None:
-        obj = "chat.completion.chunk" if gen.chat else "text_completion"
-        meta = orjson.dumps({"id": rid, "object": obj, "created": created, "model": gen.model})
-        field = b'"delta":{"content":' if gen.chat else b'"text":'
-        close = b"}" if gen.chat else b""
-        self.head = b"data: " + meta[:-1] + b',"choices":[{"index":0,' + field
-        self.tail = close + b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-        self.final = close + b',"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % (
+        self._gen = gen
+        self._chat = chat = gen.api == "chat"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._meta = {"id": rid, "object": obj, "created": created, "model": gen.model}
+        meta = orjson.dumps(self._meta)
+        field = b'"delta":{"content":' if chat else b'"text":'
+        close = b"}" if chat else b""
+        self._head = b"data: " + meta[:-1] + b',"choices":[{"index":0,' + field
+        self._tail = close + b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        self._final = close + b',"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % (
             finish.encode()
         )
+
+    def opening(self) -> bytes:
+        """A chat stream's role chunk (nothing for completions)."""
+        if not self._chat:
+            return b""
+        head = self._head.replace(b'"delta":{"content":', b'"delta":{"role":"assistant","content":')
+        return head + b'""' + self._tail
+
+    def chunk(self, text: str, last: bool) -> bytes:
+        return self._head + orjson.dumps(text) + (self._final if last else self._tail)
+
+    def closing(self, text: str, prompt: int, output: int, cached: int) -> bytes:
+        """The usage chunk if asked for, then ``[DONE]``."""
+        if not self._gen.include_usage:
+            return _DONE
+        doc = {**self._meta, "choices": [], "usage": _usage(prompt, output, cached)}
+        return b"data: " + orjson.dumps(doc) + b"\n\n" + _DONE
 
 
 def _error_response(err: ApiError) -> web.Response:
@@ -120,12 +151,11 @@ def _usage(prompt: int, completion: int, cached: int) -> dict[str, object]:
     }
 
 
-async def _chat(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=True)
+def _generator(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _generate(request, api)
 
-
-async def _completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=False)
+    return handler
 
 
 def request_identity(doc: dict[str, object]) -> bytes:
@@ -136,12 +166,15 @@ def request_identity(doc: dict[str, object]) -> bytes:
     )
 
 
-async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
+_ID_PREFIX: dict[Api, str] = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_"}
+
+
+async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     state = request.app[STATE]
     opts = state.options
     started = time.perf_counter()
     doc = parse_json(await request.read())
-    gen = parse_generation(doc, chat=chat, served=opts.model)
+    gen = parse_generation(doc, api=api, served=opts.model)
     plan = plan_for(request.headers.get(HEADER), opts.profile.faults, state.fault_rng)
     if plan.stall:
         await asyncio.sleep(plan.stall)
@@ -169,16 +202,17 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         output_tokens=length,
         priority=gen.priority,
         rng=random.Random(rng.getrandbits(64)),
-        tokens=(*prompt_ids(doc, chat=chat), *output_ids(pieces)),
+        tokens=(*prompt_ids(doc, api), *output_ids(pieces)),
     )
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     job = _Job(
+        doc=doc,
         gen=gen,
         seq=seq,
         pieces=pieces,
         plan=plan,
         request_id=request_id,
-        rid=("chatcmpl-" if chat else "cmpl-") + request_id,
+        rid=_ID_PREFIX[api] + request_id,
         finish=finish,
         started=started,
         created=int(time.time()),
@@ -207,12 +241,14 @@ async def _stream(
     gen, seq, pieces = job.gen, job.seq, job.pieces
     resp = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-Id": job.request_id})
     await resp.prepare(request)
-    framing = _Chunks(gen, job.rid, job.created, job.finish)
-    if gen.chat:
-        head = framing.head.replace(
-            b'"delta":{"content":', b'"delta":{"role":"assistant","content":'
-        )
-        await resp.write(head + b'""' + framing.tail)
+    framing: _Chunks | ResponseFraming
+    if gen.api == "responses":
+        framing = ResponseFraming(job.doc, gen, job.rid, job.created, job.finish)
+    else:
+        framing = _Chunks(gen, job.rid, job.created, job.finish)
+    opening = framing.opening()
+    if opening:
+        await resp.write(opening)
     drop = job.plan.drop_after
     if drop == 0:
         _abort(request)
@@ -227,8 +263,7 @@ async def _stream(
         for n in chunks:
             text = "".join(pieces[sent : sent + n])
             sent += n
-            tail = framing.final if sent >= length else framing.tail
-            await resp.write(framing.head + orjson.dumps(text) + tail)
+            await resp.write(framing.chunk(text, sent >= length))
             now = time.perf_counter()
             if last:
                 observe_itl(now - last)
@@ -239,13 +274,9 @@ async def _stream(
                 _abort(request)
     metrics.generation_tokens.inc(sent)
     metrics.e2e.observe(time.perf_counter() - job.started)
-    if gen.include_usage:
-        obj = "chat.completion.chunk" if gen.chat else "text_completion"
-        usage = _usage(gen.prompt_tokens, sent, seq.cached_tokens)
-        doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
-               "choices": [], "usage": usage}  # fmt: skip
-        await resp.write(b"data: " + orjson.dumps(doc) + b"\n\n")
-    await resp.write_eof(_DONE)  # [DONE] and the stream's end in one write
+    # the last events and the stream's end in one write
+    closing = framing.closing("".join(pieces), gen.prompt_tokens, sent, seq.cached_tokens)
+    await resp.write_eof(closing)
     return resp
 
 
@@ -264,7 +295,12 @@ async def _whole(
     metrics.generation_tokens.inc(n)
     metrics.e2e.observe(time.perf_counter() - job.started)
     text = "".join(job.pieces)
-    if gen.chat:
+    headers = {"X-Request-Id": job.request_id}
+    if gen.api == "responses":
+        framing = ResponseFraming(job.doc, gen, job.rid, job.created, job.finish)
+        body = orjson.dumps(framing.response(text, gen.prompt_tokens, n, seq.cached_tokens))
+        return web.Response(body=body, content_type="application/json", headers=headers)
+    if gen.api == "chat":
         message: dict[str, object] = {
             "role": "assistant",
             "content": text,
@@ -280,7 +316,6 @@ async def _whole(
     usage = _usage(gen.prompt_tokens, n, seq.cached_tokens)
     doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
            "choices": [choice], "usage": usage}  # fmt: skip
-    headers = {"X-Request-Id": job.request_id}
     return web.Response(body=orjson.dumps(doc), content_type="application/json", headers=headers)
 
 
@@ -336,8 +371,9 @@ def build_app(options: ServerOptions) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=8 * 1024 * 1024)
     app[OPTIONS] = options
     app.cleanup_ctx.append(_lifespan)
-    app.router.add_post("/v1/chat/completions", _chat)
-    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _generator("chat"))
+    app.router.add_post("/v1/completions", _generator("completions"))
+    app.router.add_post("/v1/responses", _generator("responses"))
     app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)

@@ -122,7 +122,7 @@ def _convert(argv: list[str]) -> int:
             for item in src:
                 rec = item.record
                 if item.synth is not None:
-                    body = synth.body(rec.body, item.synth, rec.custom_id)
+                    body = synth.body(rec.body, item.synth, rec.custom_id, rec.url)
                     rec = dataclasses.replace(rec, body=body)
                 out.write(dump_line(rec))
                 n += 1

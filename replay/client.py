@@ -15,6 +15,7 @@ import orjson
 
 from common.capture import CaptureRecord
 from common.sse import StreamMeter
+from replay.sources import RESPONSES_URL
 
 DEFAULT_CLASS = "default"
 
@@ -72,9 +73,10 @@ def request_class(rec: CaptureRecord) -> str:
     return DEFAULT_CLASS
 
 
-def encode_body(body: Mapping[str, Any]) -> bytes:
-    """The JSON to send; streamed requests ask for usage so output tokens are counted."""
-    if body.get("stream") is True:
+def encode_body(body: Mapping[str, Any], url: str = "") -> bytes:
+    """The JSON to send; streamed requests ask for usage so output tokens are counted (the
+    Responses API's streams always end with it, and take no such option)."""
+    if body.get("stream") is True and url != RESPONSES_URL:
         opts = body.get("stream_options")
         if not (isinstance(opts, dict) and opts.get("include_usage")):
             body = {**body, "stream_options": {**(opts or {}), "include_usage": True}}
@@ -98,6 +100,19 @@ def _stream_text(raw: bytes) -> str:
 
 
 def _choice_text(doc: Any) -> str:
+    """The generated text of a chat or completions chunk or answer, of a Responses API text
+    delta, or of a whole response."""
+    if isinstance(doc, dict) and doc.get("type") == "response.output_text.delta":
+        delta = doc.get("delta")
+        return delta if isinstance(delta, str) else ""
+    if isinstance(doc, dict) and doc.get("object") == "response":
+        return "".join(
+            p.get("text") or ""
+            for item in doc.get("output") or ()
+            if isinstance(item, dict) and item.get("type") == "message"
+            for p in item.get("content") or ()
+            if isinstance(p, dict) and p.get("type") == "output_text"
+        )
     choices = doc.get("choices") if isinstance(doc, dict) else None
     if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
         return ""

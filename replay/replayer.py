@@ -208,9 +208,11 @@ class Replayer:
         def prepare(item: Item) -> bytes:
             rec = item.record
             body = (
-                rec.body if item.synth is None else synth.body(rec.body, item.synth, rec.custom_id)
+                rec.body
+                if item.synth is None
+                else synth.body(rec.body, item.synth, rec.custom_id, rec.url)
             )
-            return encode_body(body)
+            return encode_body(body, rec.url)
 
         async def send(item: Item, body: bytes, lag: float | None) -> None:
             rec = item.record

@@ -24,6 +24,7 @@ from common.capture import CaptureFormatError, CaptureRecord, Response, record_f
 Format = Literal["capture", "mooncake", "azure", "burstgpt", "openai-batch"]
 FORMATS: tuple[Format, ...] = ("capture", "mooncake", "azure", "burstgpt", "openai-batch")
 CHAT_URL = "/v1/chat/completions"
+RESPONSES_URL = "/v1/responses"
 _PROMPT_KEYS = ("messages", "prompt", "input")
 
 

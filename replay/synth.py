@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD
-from replay.sources import Synth
+from replay.sources import CHAT_URL, RESPONSES_URL, Synth
 
 BLOCK_TOKENS = 512
 _VOCAB = (
@@ -199,6 +199,10 @@ class PromptSynth:
             k += 1
         return [{"role": "user", "content": " ".join(parts)}]
 
-    def body(self, base: Mapping[str, Any], synth: Synth, seed: str) -> dict[str, Any]:
-        """``base`` (model and parameters) with synthesized ``messages``."""
-        return {**base, "messages": self.messages(synth, seed)}
+    def body(
+        self, base: Mapping[str, Any], synth: Synth, seed: str, url: str = CHAT_URL
+    ) -> dict[str, Any]:
+        """``base`` (model and parameters) with synthesized ``messages`` (the ``input`` of a
+        Responses API request, which takes the same message list)."""
+        key = "input" if url == RESPONSES_URL else "messages"
+        return {**base, key: self.messages(synth, seed)}

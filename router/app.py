@@ -197,6 +197,7 @@ def _routes(app: web.Application, state: RouterState) -> None:
     r.add_post("/v1/chat/completions", proxied("chat"))
     r.add_post("/v1/completions", proxied("completions"))
     r.add_post("/v1/embeddings", proxied("embeddings"))
+    r.add_post("/v1/responses", proxied("responses"))
     r.add_get("/v1/models", models)
     r.add_get("/v1/models/{model:.+}", model)  # ids may hold a slash (org/name)
     r.add_post("/tokenize", utility("tokenize"))

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from emulator.api import ApiError, Generation, check_context, parse_generation
+from emulator.api import Api, ApiError, Generation, check_context, parse_generation
 from emulator.profiles import Profile
 from emulator.rank import Sequence
 from emulator.server import request_identity
@@ -124,12 +124,15 @@ def engine_sequence(
             doc["model"] = served
             if priority is not None:
                 doc["priority"] = priority
-            gen = parse_generation(doc, chat=info.endpoint == "chat", served=served)
+            api: Api = "chat" if info.endpoint == "chat" else "completions"
+            if info.endpoint == "responses":
+                api = "responses"
+            gen = parse_generation(doc, api=api, served=served)
             rng = request_rng(seed, request_identity(doc))
         else:
             body = routed.item.record.body
             gen = Generation(
-                chat=True,
+                api="chat",
                 model=served,
                 prompt_tokens=info.prompt_tokens,
                 max_tokens=info.max_tokens,

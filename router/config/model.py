@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from policies.types import Endpoint, RequestClass
 
-ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings")
+ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings", "responses")
 Redaction = Literal["none", "hash", "drop"]
 REDACTIONS: tuple[Redaction, ...] = ("none", "hash", "drop")
 DEFAULT_CAPTURE_HEADERS = ("x-request-class", "x-switchyard-policy", "x-request-id", "user-agent")

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from common.tokens import count_chat, count_text, message_text
+from common.tokens import count_chat, count_text, message_text, response_messages
 from policies.prefix import prompt_blocks
 from policies.types import REQUEST_CLASSES, Endpoint, RequestClass, RequestInfo
 from router.config.model import ClassificationSettings, Rule
@@ -25,6 +25,7 @@ _REQUIRED: dict[Endpoint, str] = {
     "chat": "messages",
     "completions": "prompt",
     "embeddings": "input",
+    "responses": "input",
 }
 _PREFIX_CHARS = 512
 
@@ -77,9 +78,20 @@ def parse_body(body: bytes, endpoint: Endpoint) -> dict[str, Any]:
         )
     if endpoint != "chat" and not isinstance(value, str | list):
         raise RouterError(400, f"'{field}' must be a string or a list", field, "invalid_type")
+    if (
+        endpoint == "responses"
+        and isinstance(value, list)
+        and not all(isinstance(item, dict) for item in value)
+    ):
+        message = "'input' must be a string or a list of objects"
+        raise RouterError(400, message, field, "invalid_type")
     if not isinstance(doc.get("stream", False), bool):
         raise RouterError(400, "'stream' must be a boolean", "stream", "invalid_type")
-    for key in ("max_tokens", "max_completion_tokens"):
+    instructions = doc.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        message = "'instructions' must be a string"
+        raise RouterError(400, message, "instructions", "invalid_type")
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = doc.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise RouterError(400, f"'{key}' must be a non-negative integer", key, "invalid_type")
@@ -93,18 +105,26 @@ def parse_body(body: bytes, endpoint: Endpoint) -> dict[str, Any]:
 
 def prompt_text(doc: Mapping[str, Any], endpoint: Endpoint) -> str:
     """The prompt's text (chat messages joined; token-id prompts give an empty string)."""
-    if endpoint == "chat":
-        return "\n".join(message_text(m.get("content")) for m in doc["messages"])
+    if endpoint in ("chat", "responses"):
+        return "\n".join(message_text(m.get("content")) for m in _messages(doc, endpoint))
     value = doc[_REQUIRED[endpoint]]
     if isinstance(value, str):
         return value
     return "\n".join(v for v in value if isinstance(v, str))
 
 
+def _messages(doc: Mapping[str, Any], endpoint: Endpoint) -> list[Mapping[str, Any]]:
+    """A chat's messages, or the chat a Responses API request is rendered to."""
+    if endpoint == "chat":
+        messages: list[Mapping[str, Any]] = doc["messages"]
+        return messages
+    return response_messages(doc["input"], doc.get("instructions"))
+
+
 def prompt_tokens(doc: Mapping[str, Any], endpoint: Endpoint) -> int:
     """The prompt size under the documented counting rule (common/tokens.py)."""
-    if endpoint == "chat":
-        return count_chat(doc["messages"])
+    if endpoint in ("chat", "responses"):
+        return count_chat(_messages(doc, endpoint))
     value = doc[_REQUIRED[endpoint]]
     if isinstance(value, str):
         return count_text(value)
@@ -136,6 +156,8 @@ def classify(
     max_tokens = doc.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = doc.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = doc.get("max_output_tokens")  # the Responses API's name
     tokens = prompt_tokens(doc, endpoint)
     text = prompt_text(doc, endpoint)
     info = RequestInfo(

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from common.tokens import count_chat, count_text
+from common.tokens import count_chat, count_text, response_messages
 from router.config.model import Redaction
 
 # Removed whole under `drop` (the replayer synthesizes a prompt of the recorded size instead).
-_PROMPT_KEYS = frozenset({"messages", "prompt", "input", "suffix", "system"})
+_PROMPT_KEYS = frozenset({"messages", "prompt", "input", "instructions", "suffix", "system"})
 # orjson writes no line nested deeper than this; a deeper body cannot be captured anyway.
 MAX_DEPTH = 254
 _RUN = re.compile(r"(\w+)|[^\w\s]+")
@@ -142,7 +142,7 @@ _CONTENT = Shape(
     items=_obj(
         type=_enum(
             "text image_url input_audio file video_url audio_url refusal input_text"
-            " input_image image audio video"
+            " output_text input_image input_file image audio video"
         ),
         image_url=_obj(detail=_enum("auto low high")),
         input_audio=_obj(format=_enum("wav mp3")),
@@ -160,12 +160,20 @@ _MESSAGE = _obj(
     function_call=_obj(name=_NAME),
 )
 _PROMPT = Shape(token_ids=True)  # text, token ids, or a list of either
+# An embeddings prompt, or the Responses API's input: text, or a list of items (messages).
+_INPUT = Shape(
+    token_ids=True,
+    fields={
+        **(_MESSAGE.fields or {}),
+        "type": _enum("message function_call function_call_output reasoning"),
+    },
+)
 _BODY = Shape(
     fields={
         "model": Shape(string="keep"),
         "messages": Shape(items=_MESSAGE),
         "prompt": _PROMPT,
-        "input": _PROMPT,
+        "input": _INPUT,
         "system": _CONTENT,
         "prediction": _obj(type=_enum("content"), content=_CONTENT),
         "tools": Shape(items=_obj(type=_enum("function"), function=_FUNCTION)),
@@ -247,10 +255,16 @@ class _Redactor:
 
 
 def prompt_size(body: Mapping[str, Any]) -> int | None:
-    """The prompt's token count under :mod:`common.tokens` (chat or text), if it has one."""
+    """The prompt's token count under :mod:`common.tokens` (chat, text, or a Responses API
+    request that shows itself as one: ``instructions`` or a list of items), if it has one."""
     messages = body.get("messages")
     if isinstance(messages, list):
         return count_chat(m for m in messages if isinstance(m, dict))
+    value, instructions = body.get("input"), body.get("instructions")
+    if instructions is not None or (
+        isinstance(value, list) and any(isinstance(v, dict) for v in value)
+    ):
+        return count_chat(response_messages(value, instructions))
     prompt = body.get("prompt")
     return count_text(prompt) if isinstance(prompt, str) else None
 

@@ -13,12 +13,20 @@ from typing import Any
 
 import orjson
 
+from policies.types import Endpoint
+
 OFFLOAD_BYTES = 256 * 1024
 """A body (request or answer) over this many bytes is parsed in a worker thread: parsing and
 counting megabytes takes a quarter second of CPU, which on the event loop would stall every
 other stream of the worker."""
 
 _USAGE_OPTION = b'"stream_options":{"include_usage":true}'
+
+
+def asks_usage(endpoint: Endpoint) -> bool:
+    """Whether a stream of ``endpoint`` reports usage only when asked (``stream_options``);
+    the Responses API's last event always carries it, and embeddings do not stream."""
+    return endpoint in ("chat", "completions")
 
 
 def upstream_body(

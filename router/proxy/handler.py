@@ -21,7 +21,7 @@ from policies.types import Endpoint
 from router.control.admission import Saturated
 from router.control.auth import Lease, Tenant
 from router.control.classify import Parsed, classify
-from router.proxy.body import OFFLOAD_BYTES, upstream_body
+from router.proxy.body import OFFLOAD_BYTES, asks_usage, upstream_body
 from router.proxy.drain import Ticket, shutting_down
 from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, failed_answer, relay
@@ -41,6 +41,7 @@ PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
 }
 TENANT = "switchyard.tenant"
 """A request's key under which router.batch's line site sets the tenant a batch line runs as
@@ -204,7 +205,7 @@ def _policy(request: web.Request, state: RouterState, tenant: Tenant | None) -> 
 def _router_asks_usage(parsed: Parsed) -> bool:
     """A stream whose client did not ask for usage: the router asks, then strips it."""
     info = parsed.info
-    return info.stream and not parsed.include_usage and info.endpoint != "embeddings"
+    return info.stream and not parsed.include_usage and asks_usage(info.endpoint)
 
 
 def _plan(

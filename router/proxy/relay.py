@@ -170,7 +170,7 @@ async def relay(
         if meter.failure is not None:  # also when the answer had ended in that last segment
             broken, code = meter.failure, "upstream_protocol_error"
         elif broken is None and not meter.done:
-            broken = "upstream stream ended before [DONE]"
+            broken = "upstream stream ended before its last event ([DONE], response.completed)"
         if broken is None:
             tail = meter.flush()  # an unterminated last event (after [DONE])
             if tail:

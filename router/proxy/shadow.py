@@ -29,7 +29,7 @@ from router.backends.pool import BackendState, Pool
 from router.config.model import LimitSettings, ShadowSettings
 from router.control.classify import Parsed
 from router.observe.metrics import Metrics
-from router.proxy.body import upstream_body
+from router.proxy.body import asks_usage, upstream_body
 
 log = logging.getLogger("router")
 
@@ -85,7 +85,7 @@ class Shadows:
         if backend is None or model is None:
             self._metrics.shadow_dropped(policy)
             return
-        add_usage = info.stream and info.endpoint != "embeddings"
+        add_usage = info.stream and asks_usage(info.endpoint)
         body = upstream_body(raw, parsed.doc, model=model, priority=None, add_usage=add_usage)
         url = backend.spec.url + paths[info.endpoint]
         self._open[policy] += 1

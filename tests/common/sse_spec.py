@@ -40,6 +40,6 @@ class Recorder(StreamMeter):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.seen: list[bytes] = []
 
-    def _payload(self, payload: bytes, now: float) -> bool:
+    def _payload(self, payload: bytes, now: float, token: bool = True) -> bool:
         self.seen.append(payload)
-        return super()._payload(payload, now)
+        return super()._payload(payload, now, token)

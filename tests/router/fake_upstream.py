@@ -44,6 +44,8 @@ class FakeEngine:
     """What its /health says (503 when False)."""
     error_status: int | None = None
     """Answer every chat request with this status (OpenAI error JSON) when set."""
+    cut: bool = False
+    """A /v1/responses stream ends after its deltas, without ``response.completed``."""
 
     def __post_init__(self) -> None:
         self.release.set()
@@ -54,6 +56,7 @@ class FakeEngine:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         return app
 
     async def _health(self, _: web.Request) -> web.Response:
@@ -109,6 +112,32 @@ class FakeEngine:
                 {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
             )
         await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """A Responses API stream: three text deltas as typed events, then (unless ``cut``)
+        ``response.completed`` with usage (unless ``usage`` is False)."""
+        self.bodies.append(await request.json())
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+
+        async def event(kind: str, **fields: object) -> None:
+            doc = orjson.dumps({"type": kind, **fields})
+            await out.write(b"event: %s\ndata: %s\n\n" % (kind.encode(), doc))
+
+        item = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+        await event("response.created", response={"id": "resp_1", "status": "in_progress"})
+        for n, text in enumerate(("a", " b", " c")):
+            await event("response.output_text.delta", delta=text, **item)
+            if n == 0:
+                self.streaming.set()
+                await self.release.wait()
+        await event("response.output_text.done", text="a b c", **item)
+        if not self.cut:
+            usage = {"input_tokens": 7, "output_tokens": 3} if self.usage else None
+            done = {"id": "resp_1", "status": "completed", "usage": usage}
+            await event("response.completed", response=done)
         await out.write_eof()
         return out
 
