@@ -165,13 +165,14 @@ def test_servicemonitor_scrapes_the_router_metrics() -> None:
 
 
 def test_emulator_services_are_where_the_configmap_points(tmp_path: Path) -> None:
+    """Each backend discovers the pods behind a headless Service (one backend per pod)."""
     config = load_config(configmap_file(tmp_path))
     services = {m.name: m.doc for m in MANIFESTS if m.kind == "Service"}
     for backend in config.backends:
-        assert backend.url is not None
-        url = urlsplit(backend.url)
-        svc = services[str(url.hostname)]
-        assert url.port in [p["port"] for p in svc["spec"]["ports"]]
+        assert backend.discover is not None, "engines are discovered per pod"
+        svc = services[backend.discover.dns]
+        assert svc["spec"]["clusterIP"] == "None", "headless: the name resolves to each pod"
+        assert backend.discover.port in [p["port"] for p in svc["spec"]["ports"]]
         (deployment,) = [
             m.doc
             for m in MANIFESTS

@@ -1,5 +1,5 @@
-"""A backend's ``tls`` section: parsed into UpstreamTls, its files loaded once, every
-mistake reported at its path without the files' contents."""
+"""A backend's ``tls`` and ``discover`` sections: parsed into UpstreamTls and DnsDiscovery,
+the TLS files loaded once, every mistake reported at its path without the files' contents."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from router.config.model import ConfigError, UpstreamTls
+from router.config.model import ConfigError, DnsDiscovery, UpstreamTls
 from router.config.parse import parse_config
 from tests.router.harness import base_config
 
@@ -84,3 +84,29 @@ def test_an_encrypted_key_is_refused_without_a_prompt(
     )
     tls = {"cert_file": files["client.pem"], "key_file": str(locked)}
     assert "encrypted" in _errors(_doc(tls))["backends[0].tls.key_file"]
+
+
+def _discovered(discover: object, **extra: object) -> dict[str, Any]:
+    doc = base_config([("pool", "vllm", "http://unused:1")])
+    doc["backends"] = [{"name": "pool", "engine": "vllm", "discover": discover, **extra}]
+    return doc
+
+
+def test_discovery_settings_round_trip() -> None:
+    doc = _discovered({"dns": "vllm.llm.svc.cluster.local", "port": 8000, "scheme": "https"})
+    spec = parse_config(doc).backends[0]
+    assert spec.discover == DnsDiscovery("vllm.llm.svc.cluster.local", 8000, "https", 10.0)
+    assert spec.url == ""
+
+
+def test_discovery_mistakes_are_reported_at_their_paths() -> None:
+    assert "backends[0].discover.port" in _errors(_discovered({"dns": "vllm"}))
+    assert "backends[0].discover.dns" in _errors(_discovered({"dns": "not a name", "port": 1}))
+    both = _errors(_discovered({"dns": "vllm", "port": 1}, url="http://vllm:1"))
+    assert "one of url, emulator or discover" in both["backends[0]"]
+    plain = _discovered({"dns": "vllm", "port": 1}, tls={"verify": False})
+    assert "https" in _errors(plain)["backends[0].tls"]
+    interval = _discovered({"dns": "vllm", "port": 1, "interval_seconds": 0})
+    assert "backends[0].discover.interval_seconds" in _errors(interval)
+    at = base_config([("a@b", "vllm", "http://h:1")])
+    assert "'@'" in _errors(at)["backends[0].name"]
