@@ -64,3 +64,20 @@ def served(url: str) -> int:
     text = get(url + "/metrics").text
     pattern = r"^vllm:e2e_request_latency_seconds_count\S* (\S+)$"
     return sum(int(float(m)) for m in re.findall(pattern, text, re.M))
+
+
+def answered_once(
+    client: openai.OpenAI, batch_id: str, rows: list[dict[str, Any]], engines: list[str],
+    in_flight: int,
+) -> None:  # fmt: skip
+    """The batch completes with every line answered exactly once, and the ``engines`` served
+    each line once, plus at most the ``in_flight`` lines a killed router had running (the
+    engine may have finished those after the router was gone; none already answered)."""
+    done = wait(client, batch_id, timeout=90)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (len(rows), 0)
+    ids = [x["custom_id"] for x in lines_of(client, done.output_file_id)]
+    assert sorted(ids) == sorted(r["custom_id"] for r in rows)
+    total = sum(served(url) for url in engines)
+    assert len(rows) <= total <= len(rows) + in_flight, total

@@ -4,7 +4,6 @@ out, and every line is answered exactly once."""
 
 from __future__ import annotations
 
-import io
 import re
 import signal
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.batchkit import chat_line, jsonl, lines_of, served, wait
+from tests.batchkit import answered_once, chat_line, submit
 from tests.pg import start_postgres
 from tests.procs import start_emulator
 from tests.router.harness import base_config, get, start_router, write_config
@@ -48,10 +47,7 @@ def test_two_replicas_one_killed(postgres: str, tmp_path: Path) -> None:
         rows = [chat_line(f"p{i}", max_tokens=150, ignore_eos=True) for i in range(LINES)]
         with start_router(config) as a, start_router(config) as b:
             client = openai.OpenAI(base_url=b.url + "/v1", api_key="x", max_retries=0)
-            f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
-            batch = client.batches.create(
-                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
+            batch = submit(client, rows)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not (lines_run(a.url) and lines_run(b.url) > 10):
                 time.sleep(0.05)
@@ -61,11 +57,4 @@ def test_two_replicas_one_killed(postgres: str, tmp_path: Path) -> None:
             b.proc.wait(10)
             # The survivor finishes and serves the batch created through the dead replica.
             client = openai.OpenAI(base_url=a.url + "/v1", api_key="x", max_retries=0)
-            done = wait(client, batch.id, timeout=90)
-            assert done.status == "completed", done
-            assert done.request_counts is not None
-            assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
-            out = lines_of(client, done.output_file_id)
-        assert sorted(x["custom_id"] for x in out) == sorted(r["custom_id"] for r in rows)
-        total = served(vllm.url) + served(deepinfer.url)
-        assert LINES <= total <= LINES + WINDOW, total
+            answered_once(client, batch.id, rows, [vllm.url, deepinfer.url], WINDOW)

@@ -3,14 +3,13 @@ batch with every line answered exactly once, and re-runs none of those already a
 
 from __future__ import annotations
 
-import io
 import signal
 import time
 from pathlib import Path
 
 import openai
 
-from tests.batchkit import chat_line, jsonl, lines_of, served, wait
+from tests.batchkit import answered_once, chat_line, submit
 from tests.procs import start_emulator
 from tests.router.harness import base_config, start_router, write_config
 
@@ -33,10 +32,7 @@ def test_sigkill_mid_batch_then_restart(tmp_path: Path) -> None:
         rows = [chat_line(f"r{i}", max_tokens=150, ignore_eos=True) for i in range(LINES)]
         with start_router(config) as first:
             client = openai.OpenAI(base_url=first.url + "/v1", api_key="x", max_retries=0)
-            f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
-            batch = client.batches.create(
-                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
+            batch = submit(client, rows)
             deadline = time.monotonic() + 60
             completed = 0
             while time.monotonic() < deadline:
@@ -51,14 +47,4 @@ def test_sigkill_mid_batch_then_restart(tmp_path: Path) -> None:
         assert completed < LINES, "the batch ended before the kill: make its lines longer"
         with start_router(config) as second:
             client = openai.OpenAI(base_url=second.url + "/v1", api_key="x", max_retries=0)
-            done = wait(client, batch.id, timeout=90)
-            assert done.status == "completed", done
-            assert done.request_counts is not None
-            assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
-            out = lines_of(client, done.output_file_id)
-        ids = [x["custom_id"] for x in out]
-        assert sorted(ids) == sorted(r["custom_id"] for r in rows)  # each exactly once
-        # Only the lines in flight at the kill ran twice (the engine may have finished them
-        # after the router was gone); none that had been answered.
-        total = served(vllm.url) + served(deepinfer.url)
-        assert LINES <= total <= LINES + WINDOW, total
+            answered_once(client, batch.id, rows, [vllm.url, deepinfer.url], WINDOW)
