@@ -411,9 +411,20 @@ class ConnectionPool:
         self._idle.setdefault((conn.origin, conn.tls), deque()).append(conn)
 
     def forget(self, url: str, tls: ClientTls | None) -> None:
-        """Close the idle connections to a backend that left (``url``: its base URL)."""
+        """Close the idle connections to a backend that left (``url``: its base URL).
+
+        Its streams still open hand their connections back later; those, and any other
+        origin's that nobody asked for in :data:`IDLE_SECONDS`, go at the next call, so
+        backends that come and go leave nothing behind for long.
+        """
         for conn in self._idle.pop((split_url(url)[0], tls), ()):
             conn.abort()
+        oldest_ok = time.monotonic() - self._idle_seconds
+        for key, idle in list(self._idle.items()):
+            while idle and idle[0].idle_since < oldest_ok:  # oldest first: released in order
+                idle.popleft().abort()
+            if not idle:
+                del self._idle[key]
 
     def close(self) -> None:
         """Close every idle connection (connections in use close on release)."""

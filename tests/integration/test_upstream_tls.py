@@ -29,7 +29,7 @@ class Pki:
     ca: Path
     other_ca: Path
     server: tuple[Path, Path]
-    """Certificate chain and key for 127.0.0.1."""
+    """Certificate chain and key for 127.0.0.1 and localhost."""
     named: tuple[Path, Path]
     """Certificate chain and key for engine.internal only."""
     client: tuple[Path, Path]
@@ -51,7 +51,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return Pki(
         ca=d / "ca.pem",
         other_ca=d / "other-ca.pem",
-        server=_write(d, "server", ca.issue_cert("127.0.0.1")),
+        server=_write(d, "server", ca.issue_cert("127.0.0.1", "localhost")),
         named=_write(d, "named", ca.issue_cert(SNI)),
         client=_write(d, "client", ca.issue_cert("router.client")),
     )
@@ -105,18 +105,26 @@ def test_ca_bundle_client_certificate_and_server_name(
             ("named", emulators["named"].url, {**ca, "server_name": SNI}),
             ("wrong_ca", emulators["tls"].url, {"ca_file": str(pki.other_ca)}),
             ("no_cert", emulators["mtls"].url, ca),
+            ("disc", "", ca),
         ]
     )
+    # Discovered over https: the replica at 127.0.0.1 is checked against the DNS name.
+    port = int(emulators["tls"].url.rsplit(":", 1)[1])
+    disc = doc["backends"][-1]
+    del disc["url"]
+    disc["discover"] = {"dns": "localhost", "port": port, "scheme": "https"}
     with start_router(write_config(tmp_path, doc)) as router:
         health = {b["name"]: b["healthy"] for b in get(router.url + "/switchyard/backends").json()}
+        health.pop("disc@::1", None)  # where localhost has an IPv6 address too (nothing there)
         assert health == {
             "tls": True,
             "mtls": True,
             "named": True,
             "wrong_ca": False,
             "no_cert": False,
+            "disc@127.0.0.1": True,
         }
-        for name in ("tls", "mtls", "named"):
+        for name in ("tls", "mtls", "named", "disc"):
             assert _chat(router, f"{name}-only"), name
         # Not offered while its probes fail: a clear 503 in OpenAI's shape.
         with pytest.raises(openai.APIStatusError) as caught:

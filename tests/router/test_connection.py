@@ -175,6 +175,22 @@ async def test_connection_idle_too_long_is_not_handed_out() -> None:
     assert backend.accepted == 2
 
 
+async def test_forget_closes_a_departed_backends_idle_connections_and_sweeps_stale_ones() -> None:
+    async with Backend(answer_each(OK)) as gone, Backend(answer_each(OK)) as stays:
+        with closing(ConnectionPool(idle_seconds=0.05)) as pool:
+            left, stale = await start(pool, gone.origin), await start(pool, stays.origin)
+            for conn in (left, stale):
+                assert await conn.read() == b"ok"
+                pool.release(conn)
+            await until(lambda: time.monotonic() - stale.idle_since > 0.06)
+            url = f"http://{gone.origin.host}:{gone.origin.port}"
+            pool.forget(url, None)
+            await until(lambda: not left.reusable and not stale.reusable)
+            fresh = await start(pool, stays.origin)
+            assert fresh is not stale and await fresh.read() == b"ok"
+            pool.release(fresh)
+
+
 @pytest.mark.parametrize("consume", ["read", "stream"])
 async def test_body_without_length_or_chunking_ends_at_eof(consume: str) -> None:
     parts = (b"first part, ", b"second part")
