@@ -148,13 +148,17 @@ class StreamFigures:
     finish_reason: str | None
     error: dict[str, object] | None
     done: bool
+    choices: int = 1
+    """Choices generated in parallel (a request's ``n``): the token counts cover them all."""
 
     @property
     def tpot(self) -> float | None:
-        """Mean time per output token after the first (None with fewer than two tokens)."""
+        """Mean time per output token after the first, per choice (None with fewer than two
+        tokens a choice): ``n`` choices decode side by side, so the tokens are divided among
+        them."""
         if self.ttft is None or self.e2e is None:
             return None
-        tokens = self.completion_tokens or self.content_events
+        tokens = (self.completion_tokens or self.content_events) / self.choices
         if tokens < 2:
             return None
         return (self.e2e - self.ttft) / (tokens - 1)
@@ -199,12 +203,15 @@ class StreamMeter:
     ``track_gaps``: look for content in every event (needed for ITL). The router passes False:
     after the first content event it only watches for the finish, usage, error and ``[DONE]``
     events, which roughly halves the per-chunk scan; its TPOT then comes from the usage figures.
+
+    ``choices``: the request's ``n``, so that TPOT is per choice (see :class:`StreamFigures`).
     """
 
     __slots__ = (
         "_bol",
         "_bom",
         "_buf",
+        "_choices",
         "_edge",
         "_last_content",
         "_limit",
@@ -236,10 +243,12 @@ class StreamMeter:
         strip_usage: bool = False,
         track_gaps: bool = True,
         max_event_size: int = MAX_EVENT_SIZE,
+        choices: int = 1,
     ) -> None:
         if max_event_size < 1:
             raise ValueError(f"max_event_size must be positive, not {max_event_size}")
         self._start = start
+        self._choices = max(1, choices)
         self._strip_usage = strip_usage
         self._track_gaps = track_gaps or keep_itl
         self._limit = max_event_size
@@ -609,6 +618,7 @@ class StreamMeter:
             finish_reason=self.finish_reason,
             error=self.error,
             done=self.done,
+            choices=self._choices,
         )
 
 

@@ -30,11 +30,14 @@ class RequestInfo:
     """Hash of the prompt's leading block, for prefix-cache affinity."""
     prefix_blocks: tuple[int, ...] = ()
     """Hash chain of the prompt text's blocks, for cache-aware routing (policies/prefix.py)."""
+    choices: int = 1
+    """Choices generated in parallel (the request's ``n``), each up to ``max_tokens``."""
 
     @property
     def expected_output_tokens(self) -> int:
-        """Output tokens to plan for when the client gave no budget."""
-        return self.max_tokens if self.max_tokens is not None else 256
+        """Output tokens to plan for, over all choices (256 a choice without a budget)."""
+        per_choice = self.max_tokens if self.max_tokens is not None else 256
+        return per_choice * self.choices
 
 
 @dataclass(frozen=True, slots=True)

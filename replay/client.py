@@ -39,6 +39,8 @@ class Result:
     finish_reason: str | None = None
     error: Mapping[str, object] | None = None
     text: str | None = None
+    choices: int = 1
+    """The request's ``n``: the output tokens cover every choice."""
 
     @property
     def ok(self) -> bool:
@@ -52,12 +54,12 @@ class Result:
 
     @property
     def tpot(self) -> float | None:
-        """``(e2e - ttft) / (output tokens - 1)``; None with fewer than two tokens.
+        """``(e2e - ttft) / (output tokens a choice - 1)``; None with fewer than two tokens.
 
         Also None for a non-streamed answer: its first byte is its last, so the formula
         would give 0 and drag every TPOT mean down.
         """
-        n = self.output_tokens
+        n = self.output_tokens / self.choices  # per choice: they decode side by side
         if not self.stream or self.ttft is None or self.e2e is None or n < 2:
             return None
         return (self.e2e - self.ttft) / (n - 1)
@@ -154,8 +156,10 @@ class Client:
         if policy:  # --policy wins; otherwise the policy the client itself asked for
             headers["x-switchyard-policy"] = policy
         res = Result(rec.custom_id, request_class(rec), 0, False, lag, policy=self._policy)
+        n = rec.body.get("n")
+        res.choices = n if type(n) is int and n > 1 else 1
         start = self._clock()
-        meter = StreamMeter(start, keep_itl=True)
+        meter = StreamMeter(start, keep_itl=True, choices=res.choices)
         raw: list[bytes] | None = [] if keep_text else None
         try:
             async with self._session.post(self._base + rec.url, data=body, headers=headers) as r:

@@ -91,6 +91,12 @@ def parse_body(body: bytes, endpoint: Endpoint) -> dict[str, Any]:
     if instructions is not None and not isinstance(instructions, str):
         message = "'instructions' must be a string"
         raise RouterError(400, message, "instructions", "invalid_type")
+    n = doc.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise RouterError(400, "'n' must be a positive integer", "n", "invalid_type")
+    if n is not None and n > 1 and endpoint in ("responses", "embeddings"):
+        message = f"'n' > 1 is not supported on /v1/{endpoint}, which generates one output"
+        raise RouterError(400, message, "n", "unsupported_parameter")
     for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = doc.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -171,6 +177,7 @@ def classify(
         session_key=session_key,
         prefix_hash=zlib.crc32(text[:_PREFIX_CHARS].encode()) if text else None,
         prefix_blocks=prompt_blocks(text),
+        choices=doc.get("n") or 1,
     )
     cls = choose_class(info, doc, header_class, key_class, settings)
     opts = doc.get("stream_options") or {}

@@ -119,6 +119,7 @@ async def handle(
             strip_usage=_router_asks_usage(parsed),
             track_gaps=False,
             max_event_size=limits.max_upstream_event_bytes,
+            choices=info.choices,
         )
         relayed = await relay(
             request,

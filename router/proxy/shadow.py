@@ -125,7 +125,9 @@ class Shadows:
     ) -> None:
         start = time.monotonic()
         limits = self._limits
-        meter = StreamMeter(start, max_event_size=limits.max_upstream_event_bytes)
+        meter = StreamMeter(
+            start, max_event_size=limits.max_upstream_event_bytes, choices=info.choices
+        )
         status = 0  # no answer at all (connect error or timeout)
         headers = {"Content-Type": "application/json", "X-Request-Id": info.request_id}
         if backend.api_key:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import orjson
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.sse import StreamMeter
@@ -110,6 +110,7 @@ def test_a_whole_response_body_is_metered() -> None:
     assert meter.body_tokens == 4
 
 
+@settings(deadline=None)  # a wall-clock limit per example fails on a loaded machine
 @given(
     tokens=st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=12),
     cuts=st.lists(st.integers(min_value=0, max_value=5000), max_size=30),
@@ -128,3 +129,18 @@ def test_any_split_reads_the_events_the_spec_dispatches(
     assert meter.seen == spec_events(raw)
     fig = meter.figures()
     assert fig.done and fig.content_events == len(tokens) and fig.completion_tokens == len(tokens)
+
+
+def test_tpot_is_per_choice_when_n_choices_stream_side_by_side() -> None:
+    def chunk(i: int, text: str) -> bytes:
+        doc = {"choices": [{"index": i, "delta": {"content": text}, "finish_reason": None}]}
+        return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6}}
+    events = [chunk(0, "a"), chunk(1, "b"), chunk(0, "c"), chunk(1, "d"), chunk(0, "e")]
+    events += [chunk(1, "f"), b"data: " + orjson.dumps(usage) + b"\n\n", b"data: [DONE]\n\n"]
+    for choices, expected in ((2, (7.0 - 0.0) / 2), (1, 7.0 / 5)):
+        meter = StreamMeter(0.0, track_gaps=False, choices=choices)
+        for t, e in enumerate(events):
+            meter.feed(e, float(t))
+        assert meter.figures().tpot == expected

@@ -92,3 +92,13 @@ def test_bad_tokenizer_requests_get_openai_errors(
     assert err["message"] and err["type"]
     if code is not None:
         assert err["code"] == code
+
+
+def test_n_above_one_where_the_backend_cannot_serve_it_is_a_clear_400(router: str) -> None:
+    # The emulator, like an engine built without it, refuses n > 1: the client gets its 400.
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(router).chat.completions.create(
+            model=SMALL, messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=4
+        )
+    body = info.value.body
+    assert isinstance(body, dict) and body["param"] == "n" and "`n` > 1" in body["message"]

@@ -79,8 +79,11 @@ class FakeEngine:
         if (body.get("max_tokens") or 0) > CONTEXT:  # as vLLM answers a budget past the context
             error = {"message": "max_tokens is too large", "type": "BadRequestError", "code": 400}
             return web.json_response({"error": error}, status=400)
+        n = body.get("n") or 1  # each choice says "hi there": two tokens
         usage = (
-            {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9} if self.usage else None
+            {"prompt_tokens": 7, "completion_tokens": 2 * n, "total_tokens": 7 + 2 * n}
+            if self.usage
+            else None
         )
         if not body.get("stream"):
             message = {"role": "assistant", "content": "hi there"}
@@ -99,14 +102,16 @@ class FakeEngine:
         async def event(doc: object) -> None:
             await out.write(b"data: " + orjson.dumps(doc) + b"\n\n")
 
-        def chunk(delta: dict[str, str], finish: str | None = None) -> dict[str, object]:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        def chunk(i: int, delta: dict[str, str], finish: str | None = None) -> dict[str, object]:
+            choice = {"index": i, "delta": delta, "finish_reason": finish}
             return {"id": "c1", "object": "chat.completion.chunk", "choices": [choice]}
 
-        await event(chunk({"role": "assistant", "content": "hi"}))
+        for i in range(n):
+            await event(chunk(i, {"role": "assistant", "content": "hi"}))
         self.streaming.set()
         await self.release.wait()
-        await event(chunk({"content": " there"}, "stop"))
+        for i in range(n):
+            await event(chunk(i, {"content": " there"}, "stop"))
         if usage is not None and (body.get("stream_options") or {}).get("include_usage"):
             await event(
                 {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}

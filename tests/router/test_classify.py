@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from policies.types import Endpoint, RequestClass
+from policies.types import Endpoint, RequestClass, RequestInfo
 from router.config.model import ClassificationSettings, Rule
 from router.control.classify import classify, parse_body
 from router.server.errors import RouterError
@@ -22,14 +22,14 @@ RULES = ClassificationSettings(
 )
 
 
-def run(
+def info_of(
     doc: dict[str, Any],
     *,
     endpoint: Endpoint = "chat",
     header: str | None = None,
     key: RequestClass | None = None,
     settings: ClassificationSettings = RULES,
-) -> str:
+) -> RequestInfo:
     parsed = classify(
         orjson.dumps(doc),
         endpoint,
@@ -39,7 +39,12 @@ def run(
         session_key=None,
         settings=settings,
     )
-    return parsed.info.request_class
+    return parsed.info
+
+
+def run(doc: dict[str, Any], **how: Any) -> str:
+    """The class ``doc`` gets (``how``: :func:`info_of`'s options)."""
+    return info_of(doc, **how).request_class
 
 
 def chat(**extra: Any) -> dict[str, Any]:
@@ -92,6 +97,23 @@ def test_request_info_fields() -> None:
     assert info.prompt_tokens == 4 + 1 + 2  # message overhead + "hi" + reply overhead
     assert info.session_key == "s" and info.prefix_hash is not None
     assert parsed.include_usage
+
+
+def test_n_choices_multiply_the_output_to_plan_for() -> None:
+    info = info_of(chat(max_tokens=10, n=3))
+    assert info.choices == 3 and info.expected_output_tokens == 30
+    assert info_of(chat()).expected_output_tokens == 256
+
+
+def test_a_responses_request_counts_as_the_chat_it_renders_to() -> None:
+    message = {"role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    doc = {"model": "m", "instructions": "Be brief.", "max_output_tokens": 2000, "input": [message]}
+    info = info_of(doc, endpoint="responses")
+    assert info.prompt_tokens == (4 + 3) + (4 + 1) + 2  # system, user, reply overheads
+    assert info.max_tokens == 2000 and info.endpoint == "responses"
+    assert run({"model": "m", "input": "hi", "max_output_tokens": 2000}, endpoint="responses") == (
+        "batch"  # the max_tokens rule sees max_output_tokens
+    )
 
 
 def test_completion_prompt_as_token_ids() -> None:

@@ -112,3 +112,49 @@ async def test_bad_responses_requests_are_refused_before_any_backend(
     err = info.value.body
     assert isinstance(err, dict) and err["param"] == param
     assert engine.bodies == []
+
+
+async def test_tpot_of_n_choices_is_per_choice(tmp_path: Path) -> None:
+    """Three choices of two tokens each, 0.2 s apart: usage says 6 tokens, but each choice
+    took 0.2 s for its one token after the first, and that is the TPOT."""
+    engine = FakeEngine()
+    engine.release.clear()
+    async with in_process_router(tmp_path, config(), engine) as ip:
+        client = _client(ip)
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], n=3, stream=True
+        )
+        await engine.streaming.wait()
+        await asyncio.sleep(0.2)
+        engine.release.set()
+        chunks = [c async for c in stream]
+        await client.close()
+        assert {c.choices[0].index for c in chunks if c.choices} == {0, 1, 2}
+        assert _sample(ip, "switchyard_output_tokens_total") == 6
+        assert _sample(ip, "switchyard_time_per_output_token_seconds_count") == 1
+        # Over all six tokens it would be about 0.2 / 5; per choice it is at least 0.2.
+        assert _sample(ip, "switchyard_time_per_output_token_seconds_sum") >= 0.2
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": "2"}),
+        ("/completions", {"prompt": "x", "n": True}),
+        ("/responses", {"input": "x", "n": 2}),
+        ("/embeddings", {"input": "x", "n": 2}),
+    ],
+)
+async def test_an_n_that_cannot_be_served_is_refused(
+    tmp_path: Path, path: str, body: dict[str, object]
+) -> None:
+    engine = FakeEngine()
+    async with in_process_router(tmp_path, config(), engine) as ip:
+        client = _client(ip)
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.post(path, body={"model": MODEL, **body}, cast_to=object)
+        await client.close()
+    err = info.value.body
+    assert isinstance(err, dict) and err["param"] == "n" and "'n'" in err["message"]
+    assert engine.bodies == []
