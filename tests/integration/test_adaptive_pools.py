@@ -51,8 +51,10 @@ def test_every_policy_sees_all_four_replicas(router: Process) -> None:
     assert set(served_by(router, "deepinfer-only", "batch", 4)) <= {"deepinfer-a", "deepinfer-b"}
     # pinned to an engine kind: least in-flight replica of the pool first.
     client = client_for(router.url, **{"X-Switchyard-Policy": "vllm-only"})
+    # ignore_eos: the busy stream runs all 2,000 tokens (about 1.2 s at this time scale), so
+    # it is still in flight when the next request is routed even on a loaded machine.
     with client.chat.completions.with_streaming_response.create(
-        model=MODEL, messages=CHAT, max_tokens=2000, stream=True
+        model=MODEL, messages=CHAT, max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
     ) as busy:
         first = busy.headers["x-switchyard-backend"]
         assert served_by(router, "vllm-only", "interactive", 1) == {
