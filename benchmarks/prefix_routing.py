@@ -1,0 +1,361 @@
+"""A routing contest on shared-prefix traffic: four emulated vLLM replicas with prefix caches.
+
+A Mooncake-style trace (``hash_ids`` name shared 512-token prompt blocks, which ``replay``
+turns into byte-identical prompt prefixes) is replayed, time-compressed, through:
+
+* Switchyard under ``round-robin``, ``least-outstanding``, session affinity (a pipeline with
+  the ``session-affinity`` scorer: the trace has no session ids, so it hashes the prompt's
+  first 512 characters) and ``cache-aware``;
+* vllm-router (the Rust router; ``pip install vllm-router``) with its ``round_robin`` and
+  ``cache_aware`` policies at their defaults, when its binary is found (``--vllm-router``).
+
+Each configuration gets fresh replicas (empty caches, zeroed counters) and a fresh router.
+The replicas are the ``vllm`` profile as one engine each (``ranks=1``, so one prefix cache per
+replica) with ``--kv-tokens`` of KV cache, small enough that where a prefix goes matters. It
+prints P50/P90 TTFT, mean E2E (model seconds: wall time x time scale), output throughput
+(tokens per model second), the prefix-cache hit rate summed over the replicas' /metrics
+(``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total``), and the hit rate an
+oracle would reach (every request finds the longest run of leading ``hash_ids`` any earlier
+request had, in one cache without limit).
+
+The default trace, ``benchmarks/fixtures/shared_prefix_trace.jsonl``, is synthetic (written by
+``--write-trace``): tenants with shared system prompts and multi-turn conversations whose
+every turn extends the previous one. Pass the public Mooncake sample as ``--trace``::
+
+    .venv/bin/python -m benchmarks.prefix_routing [--trace FILE] [--time-scale 10]
+        [--vllm-router PATH] [--only cache-aware,round-robin]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from common.capture import parse_line
+from router.server.children import spawn_ready, stop_all
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "benchmarks" / "fixtures" / "shared_prefix_trace.jsonl"
+BLOCK_TOKENS = 512
+MAX_MODEL_LEN = 32768
+SWITCHYARD = {
+    "round-robin": {"type": "round-robin"},
+    "least-outstanding": {"type": "least-outstanding"},
+    "session-affinity": {
+        "type": "pipeline",
+        "params": {"scorers": ["session-affinity", {"type": "least-requests", "weight": 0.1}]},
+    },
+    "cache-aware": {"type": "cache-aware"},
+}
+VLLM_ROUTER = ("vllm-router round_robin", "vllm-router cache_aware")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One configuration's results (model seconds and tokens per model second)."""
+
+    completed: int
+    failed: int
+    p50_ttft: float
+    p90_ttft: float
+    mean_e2e: float
+    throughput: float
+    hit_rate: float
+
+
+def write_trace(path: Path, *, seed: int = 7, requests: int = 600, rate: float = 3.0) -> None:
+    """A synthetic Mooncake-style trace: 24 tenants (Zipf-like popularity) with 8-40 block
+    system prompts; conversations of 1-8 turns, each turn one new block on the last."""
+    rng = random.Random(seed)
+    ids = iter(range(10**9))
+    tenants = [[next(ids) for _ in range(rng.randint(8, 40))] for _ in range(24)]
+    weights = [1 / (k + 1) for k in range(len(tenants))]
+    active: list[tuple[list[int], int]] = []  # (blocks so far, turns left)
+    t = 0.0
+    lines = []
+    for _ in range(requests):
+        t += rng.expovariate(rate)
+        if not active or rng.random() < 0.35:
+            tenant = rng.choices(tenants, weights)[0]
+            active.append(([*tenant, next(ids)], rng.randint(1, 8)))
+            k = len(active) - 1
+        else:
+            k = rng.randrange(len(active))
+            blocks, left = active[k]
+            active[k] = ([*blocks, next(ids)], left)
+        blocks, left = active[k]
+        output = rng.randint(16, 160)
+        prompt = min(len(blocks) * BLOCK_TOKENS - rng.randint(0, 300), MAX_MODEL_LEN - output)
+        doc = {"timestamp": round(t * 1000), "input_length": prompt, "output_length": output,
+               "hash_ids": blocks}  # fmt: skip
+        lines.append(orjson.dumps(doc))
+        if left <= 1:
+            active.pop(k)
+        else:
+            active[k] = (blocks, left - 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def oracle_hit_rate(path: Path, max_requests: int | None) -> float:
+    """Hit rate with one unbounded cache: each request's longest leading run of ``hash_ids``
+    seen before (in 16-token engine blocks, its last prompt token always computed)."""
+    seen: set[tuple[int, ...]] = set()
+    hits = total = 0
+    with path.open("rb") as f:
+        for n, line in enumerate(f):
+            if max_requests is not None and n >= max_requests:
+                break
+            doc = orjson.loads(line)
+            prompt, ids = doc["input_length"], tuple(doc.get("hash_ids") or ())
+            if prompt + doc["output_length"] > MAX_MODEL_LEN:
+                continue  # rejected by the engine: never looked up
+            run = 0
+            while run < len(ids) and ids[: run + 1] in seen:
+                run += 1
+            seen.update(ids[: k + 1] for k in range(len(ids)))
+            hits += min(run * BLOCK_TOKENS, (prompt - 1) // 16 * 16)
+            total += prompt
+    return hits / total if total else 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def replicas(args: argparse.Namespace) -> Iterator[list[str]]:
+    """``--replicas`` fresh emulated vLLM replicas; their URLs."""
+    procs: list[subprocess.Popen[bytes]] = []
+    urls = []
+    try:
+        for i in range(args.replicas):
+            argv = [sys.executable, "-m", "emulator", "--profile", "vllm", "--port", "0",
+                    "--time-scale", str(args.time_scale), "--seed", str(i),
+                    "--set", "ranks=1", "--set", f"kv_cache_tokens={args.kv_tokens}"]  # fmt: skip
+            proc, url = spawn_ready(argv, "emulator listening on", 30)
+            procs.append(proc)
+            urls.append(url)
+        yield urls
+    finally:
+        stop_all(procs)
+
+
+@contextmanager
+def switchyard(urls: Sequence[str], directory: Path) -> Iterator[str]:
+    doc: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "backends": [{"name": f"r{i}", "engine": "vllm", "url": u} for i, u in enumerate(urls)],
+        "policies": SWITCHYARD,
+        "default_policy": "round-robin",
+    }
+    path = directory / "router.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    argv = [sys.executable, "-m", "router", "serve", "--config", str(path), "--port", "0"]
+    proc, url = spawn_ready(argv, "router listening on", 60)
+    try:
+        yield url
+    finally:
+        stop_all([proc], 20)
+
+
+@contextmanager
+def vllm_router(binary: str, policy: str, urls: Sequence[str], directory: Path) -> Iterator[str]:
+    port = free_port()
+    argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+            "--prometheus-port", str(free_port()), "--log-level", "warning",
+            "--worker-urls", *urls]  # fmt: skip
+    with (directory / f"vllm-router-{policy}.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vllm-router did not come up (see {directory})")
+            time.sleep(0.5)
+        yield url
+    finally:
+        stop_all([proc], 20)
+
+
+def cache_counters(urls: Sequence[str]) -> tuple[float, float]:
+    """Summed ``vllm:prefix_cache_hits_total`` and ``..._queries_total`` of the replicas."""
+    hits = queries = 0.0
+    for url in urls:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                name, _, value = line.partition("{")
+                if name == "vllm:prefix_cache_hits_total":
+                    hits += float(value.rsplit(" ", 1)[1])
+                elif name == "vllm:prefix_cache_queries_total":
+                    queries += float(value.rsplit(" ", 1)[1])
+    return hits, queries
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def replay(url: str, policy: str | None, urls: Sequence[str], args: argparse.Namespace,
+           directory: Path, label: str) -> Figures:  # fmt: skip
+    """Replay the trace through ``url``; figures from the per-request results."""
+    results, report = directory / f"{label}.results.jsonl", directory / f"{label}.json"
+    argv = [sys.executable, "-m", "replay", str(args.trace), "--target", url,
+            "--speed", str(args.speed or args.time_scale), "--no-progress",
+            "--results", str(results), "--out", str(report)]  # fmt: skip
+    if policy is not None:
+        argv += ["--policy", policy]
+    if args.max_requests is not None:
+        argv += ["--max-requests", str(args.max_requests)]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, timeout=3600)
+    scale = args.time_scale
+    ttfts, e2es, failed = [], [], 0
+    for line in results.read_bytes().splitlines():
+        rec = parse_line(line)
+        obs = rec.obs
+        if rec.resp is None or rec.resp.status != 200 or obs is None or obs.ttft_ms is None:
+            failed += 1
+            continue
+        ttfts.append(obs.ttft_ms / 1e3 * scale)
+        e2es.append((obs.e2e_ms or 0.0) / 1e3 * scale)
+    overall = orjson.loads(report.read_bytes())["runs"][0]["overall"]
+    hits, queries = cache_counters(urls)
+    return Figures(
+        completed=len(ttfts),
+        failed=failed,
+        p50_ttft=percentile(ttfts, 0.5),
+        p90_ttft=percentile(ttfts, 0.9),
+        mean_e2e=sum(e2es) / len(e2es) if e2es else float("nan"),
+        throughput=overall["output_throughput"] / scale,
+        hit_rate=hits / queries if queries else 0.0,
+    )
+
+
+def run_one(label: str, args: argparse.Namespace, binary: str | None, directory: Path) -> Figures:
+    with replicas(args) as urls:
+        if label.startswith("vllm-router"):
+            assert binary is not None
+            with vllm_router(binary, label.split()[1], urls, directory) as url:
+                return replay(url, None, urls, args, directory, label.replace(" ", "-"))
+        with switchyard(urls, directory) as url:
+            return replay(url, label, urls, args, directory, label)
+
+
+def table(rows: dict[str, Figures], oracle: float) -> str:
+    head = (f"| {'configuration':<26} | {'ok/failed':>9} | {'P50 TTFT s':>10} | {'P90 TTFT s':>10} "
+            f"| {'mean E2E s':>10} | {'out tok/s':>9} | {'hit rate':>8} |")  # fmt: skip
+    lines = [head, "|" + "|".join("-" * (len(c) + 0) for c in head.split("|")[1:-1]) + "|"]
+    for label, f in rows.items():
+        lines.append(
+            f"| {label:<26} | {f'{f.completed}/{f.failed}':>9} | {f.p50_ttft:>10.2f} "
+            f"| {f.p90_ttft:>10.2f} | {f.mean_e2e:>10.2f} | {f.throughput:>9.1f} "
+            f"| {f.hit_rate:>8.1%} |"
+        )
+    lines.append(f"| {'oracle placement':<26} | {'':>9} | {'':>10} | {'':>10} | {'':>10} "
+                 f"| {'':>9} | {oracle:>8.1%} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def targets(rows: dict[str, Figures], oracle: float) -> list[str]:
+    """The issue's targets for cache-aware, each with its measured ratio."""
+    ca = rows.get("cache-aware")
+    if ca is None:
+        return []
+    out = [f"cache-aware hit rate / oracle: {ca.hit_rate / oracle:.2f} (target >= 0.90)"]
+    for other, bound in (("round-robin", 0.5), ("vllm-router cache_aware", 0.8)):
+        if other in rows:
+            o = rows[other]
+            out.append(f"cache-aware P90 TTFT / {other}: {ca.p90_ttft / o.p90_ttft:.2f} "
+                       f"(target <= {bound}); throughput ratio "
+                       f"{ca.throughput / o.throughput:.2f} (target >= 1.0)")  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--trace", type=Path, default=FIXTURE, help="Mooncake-style JSONL")
+    ap.add_argument("--time-scale", type=float, default=2.0, help="emulators' time scale")
+    ap.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help="replay speed (default: the time scale, i.e. the trace's own load)",
+    )
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--kv-tokens", type=int, default=131072, help="KV cache per replica")
+    ap.add_argument("--max-requests", type=int, default=None)
+    ap.add_argument("--only", default=None, help="comma-separated configurations to run")
+    ap.add_argument(
+        "--vllm-router",
+        default=shutil.which("vllm-router"),
+        help="vllm-router binary (default: from PATH)",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the run directory (results, logs)")
+    ap.add_argument("--write-trace", type=Path, default=None,
+                    help="write the synthetic trace to this path and exit")  # fmt: skip
+    args = ap.parse_args(argv)
+    if args.write_trace is not None:
+        write_trace(args.write_trace)
+        return 0
+    labels = [*SWITCHYARD, *VLLM_ROUTER]
+    if args.only:
+        labels = [x for x in labels if x in args.only.split(",")]
+    if args.vllm_router is None:
+        print("vllm-router: no binary found (pip install vllm-router, or --vllm-router PATH); "
+              "its rows are left out", file=sys.stderr)  # fmt: skip
+        labels = [x for x in labels if not x.startswith("vllm-router")]
+    oracle = oracle_hit_rate(args.trace, args.max_requests)
+    rows: dict[str, Figures] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="prefix-routing-"))
+    try:
+        for label in labels:
+            started = time.monotonic()
+            rows[label] = run_one(label, args, args.vllm_router, tmp)
+            print(f"{label}: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    finally:
+        if args.keep:
+            print(f"run directory kept: {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{args.trace.name}: {args.replicas} vLLM replicas (ranks=1, {args.kv_tokens} KV "
+          f"tokens each), time scale {args.time_scale:g}; latencies in model seconds")  # fmt: skip
+    print(table(rows, oracle))
+    for line in targets(rows, oracle):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
