@@ -44,9 +44,13 @@ _REPLACE = ("url", "engine", "api_key_env", "tls")
 
 
 async def resolve_dns(name: str, port: int) -> list[str]:
-    """Every address ``name`` resolves to (IPv4 and IPv6), through the system's resolver."""
+    """Every address ``name`` resolves to (IPv4 and IPv6), through the system's resolver.
+
+    Link-local IPv6 addresses (``fe80::1%eth0``) are left out: their zone names an interface
+    of one host, and no pod is reached that way.
+    """
     infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos})
+    return sorted({a for info in infos if "%" not in (a := str(info[4][0]))})
 
 
 def replica(spec: BackendSpec, address: str) -> BackendSpec:
@@ -218,7 +222,7 @@ class Fleet:
             try:
                 async with asyncio.timeout(self._lookup_timeout):
                     found = await self._resolver(d.dns, d.port)
-            except (OSError, TimeoutError) as exc:
+            except Exception as exc:  # OSError, a timeout, UnicodeError for a bad label, ...
                 if not failing:  # once per outage, not once per interval
                     log.warning("backend %s: lookup of its DNS name failed (%s); keeping "
                                 "the last set", spec.name, exc.__class__.__name__)  # fmt: skip
