@@ -10,6 +10,7 @@ router's (``batch_output``). A batch is validated when created: it comes back
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 
 import orjson
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from router.batch.executor import new_id
 from router.batch.store import BatchRow, BatchStore, FileRow
@@ -29,6 +31,7 @@ from router.server.errors import RouterError, error_response
 WINDOW = re.compile(r"^([1-9][0-9]{0,5})([hms])$")
 _UNIT = {"h": 3600, "m": 60, "s": 1}
 MAX_METADATA = 16
+log = logging.getLogger("router")
 
 
 def _json(doc: object, status: int = 200) -> web.Response:
@@ -139,6 +142,9 @@ class BatchApi:
                 return response
             except RouterError as exc:
                 return error_response(exc)
+            except Exception:  # the store failed: say so in OpenAI's shape, log the why
+                log.exception("batch API %s %s failed", request.method, request.path)
+                return error_response(RouterError(500, "internal router error", code="internal"))
 
         return handler
 
@@ -150,16 +156,20 @@ class BatchApi:
         purpose: str | None = None
         filename, content = "", b""
         got_file = False
-        reader = await request.multipart()
-        async for part in reader:
-            if not isinstance(part, BodyPartReader):
-                continue
-            if part.name == "purpose":
-                purpose = (await part.read(decode=True)).decode("utf-8", "replace")
-            elif part.name == "file":
-                filename = part.filename or "upload.jsonl"
-                content = await self._read_part(part)
-                got_file = True
+        try:
+            async for part in await request.multipart():
+                if not isinstance(part, BodyPartReader):
+                    continue
+                if part.name == "purpose":
+                    purpose = (await self._read_part(part, 64)).decode("utf-8", "replace")
+                elif part.name == "file":
+                    filename = part.filename or "upload.jsonl"
+                    content = await self._read_part(part, self._settings.max_file_bytes)
+                    got_file = True
+        except (ValueError, AssertionError, HttpProcessingError):  # aiohttp's parse errors
+            raise RouterError(
+                400, "malformed multipart/form-data body", code="invalid_request"
+            ) from None
         if not got_file:
             raise RouterError(400, "the form has no file field", "file")
         if purpose != "batch":
@@ -172,15 +182,14 @@ class BatchApi:
         await self._store.put_file(row, content)
         return _json(file_object(row))
 
-    async def _read_part(self, part: BodyPartReader) -> bytes:
-        limit = self._settings.max_file_bytes
+    async def _read_part(self, part: BodyPartReader, limit: int) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while chunk := await part.read_chunk(1 << 16):
             size += len(chunk)
             if size > limit:
                 raise RouterError(
-                    413, f"files are limited to {limit} bytes", "file", "file_too_large"
+                    413, f"{part.name} is limited to {limit} bytes", part.name, "too_large"
                 )
             chunks.append(chunk)
         return b"".join(chunks)

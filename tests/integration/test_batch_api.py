@@ -18,7 +18,7 @@ import pytest
 
 from tests.batchkit import MODEL, chat_line, jsonl, lines_of, submit, wait
 from tests.procs import Process, start_emulator
-from tests.router.harness import base_config, get, start_router, write_config
+from tests.router.harness import base_config, get, post, start_router, write_config
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +197,36 @@ def test_the_completion_window_is_honoured(client: openai.OpenAI) -> None:
     assert expired and all(x["response"] is None for x in expired)
     assert done.request_counts is not None
     assert done.request_counts.completed + done.request_counts.failed == 64
+
+
+def test_hostile_requests_get_openai_errors(router: Process) -> None:
+    files, batches = router.url + "/v1/files", router.url + "/v1/batches"
+    cases = [
+        (post(files, {"purpose": "batch"}), 415),  # JSON, not a form
+        (
+            post(files, b"--x\r\nnot a part", {"Content-Type": "multipart/form-data; boundary=x"}),
+            400,
+        ),
+        (
+            post(files, _form({"purpose": "batch"})[0], _form({"purpose": "batch"})[1]),
+            400,
+        ),  # no file
+        (post(files, *_form({"purpose": "b" * 100, "file": "x"})), 413),
+        (post(batches, b"{not json"), 400),
+        (post(batches, b"[1, 2]"), 400),
+        (get(batches + "?limit=1000"), 400),
+        (get(files + "?order=sideways"), 400),
+        (get(files + "/file-nope/content"), 404),
+    ]
+    for reply, status in cases:
+        assert reply.status == status, (reply.status, reply.text)
+        assert reply.json()["error"]["message"]
+
+
+def _form(fields: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    body = b""
+    for name, value in fields.items():
+        extra = '; filename="f.jsonl"' if name == "file" else ""
+        head = f'--B\r\nContent-Disposition: form-data; name="{name}"{extra}\r\n\r\n'
+        body += f"{head}{value}\r\n".encode()
+    return body + b"--B--\r\n", {"Content-Type": "multipart/form-data; boundary=B"}

@@ -100,7 +100,8 @@ def request(
     data = json.dumps(body).encode() if isinstance(body, dict) else body
     hdrs = {"Content-Type": "application/json", **(headers or {})}
     try:
-        conn.request(method, parts.path or "/", body=data, headers=hdrs)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request(method, target, body=data, headers=hdrs)
         resp = conn.getresponse()
         content = resp.read()
         return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, content)
