@@ -109,6 +109,8 @@ _VOCAB = (
     "music",
     "market",
 )
+WORD_CHARS = sum(len(w) + 1 for w in _VOCAB) / len(_VOCAB)
+"""Characters per synthesized word, its space included, on average."""
 _CACHE_BLOCKS = 4096
 
 Counter = Callable[[list[dict[str, Any]]], Awaitable[int]]
@@ -162,7 +164,8 @@ class PromptSynth:
         self.salt = salt
         self._blocks: OrderedDict[tuple[int, int], str] = OrderedDict()
 
-    def _block(self, block_id: int, words: int) -> str:
+    def block(self, block_id: int, words: int) -> str:
+        """The text of block ``block_id`` cut to ``words`` words (kept in a bounded cache)."""
         key = (block_id, words)
         text = self._blocks.get(key)
         if text is None:
@@ -174,8 +177,9 @@ class PromptSynth:
             self._blocks.move_to_end(key)
         return text
 
-    def messages(self, synth: Synth, seed: str) -> list[dict[str, Any]]:
-        """One user message of ``synth.prompt_tokens`` tokens under the calibration."""
+    def layout(self, synth: Synth, seed: str) -> list[tuple[int, int]]:
+        """The prompt's blocks in order, as (block id, words): the text of
+        :meth:`messages` is these blocks' texts joined by single spaces."""
         words = self.calibration.words_for(synth.prompt_tokens)
         per_block = max(1, round(BLOCK_TOKENS / self.calibration.per_word))
         ids: list[int] = list(synth.hash_ids)
@@ -183,21 +187,26 @@ class PromptSynth:
             # Unshared blocks: ids from the request's own seed, far from Mooncake's small ints.
             base = (zlib.crc32(seed.encode()) + 1) << 24
             ids = [base + k for k in range(-(-words // per_block))]
-        parts: list[str] = []
+        out: list[tuple[int, int]] = []
         left = words
         for block_id in ids:
             if left <= 0:
                 break
             n = min(per_block, left)
-            parts.append(self._block(block_id, n))
+            out.append((block_id, n))
             left -= n
         k = len(ids)
         while left > 0:  # more tokens than the ids cover: extend with derived blocks
             n = min(per_block, left)
-            parts.append(self._block((ids[-1] + 1) * 1_000_003 + k, n))
+            out.append(((ids[-1] + 1) * 1_000_003 + k, n))
             left -= n
             k += 1
-        return [{"role": "user", "content": " ".join(parts)}]
+        return out
+
+    def messages(self, synth: Synth, seed: str) -> list[dict[str, Any]]:
+        """One user message of ``synth.prompt_tokens`` tokens under the calibration."""
+        text = " ".join(self.block(b, n) for b, n in self.layout(synth, seed))
+        return [{"role": "user", "content": text}]
 
     def body(
         self, base: Mapping[str, Any], synth: Synth, seed: str, url: str = CHAT_URL

@@ -144,7 +144,8 @@ class Simulator:
 
         source = self._source(world.model())
         plan = _window_of(iter(Plan(source, self.plan)), self.lo, self.hi)
-        sim = Simulation(world, world.policies[policy], name, on_result)
+        # salted as the live replayer salts the run with this index (see replay.synth)
+        sim = Simulation(world, world.policies[policy], name, on_result, salt=len(self.runs))
         cpu, wall = time.process_time(), time.perf_counter()
         end = sim.run(plan, start=self.lo)
         self.runs.append(report)

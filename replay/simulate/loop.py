@@ -27,6 +27,7 @@ from policies.base import Policy
 from policies.types import Outcome
 from replay.client import Result
 from replay.plan import Planned
+from replay.simulate.prompts import Prompts
 from replay.simulate.requests import Refused, Routed, engine_sequence, understand
 from replay.simulate.world import Backend, World
 from replay.sources import Item
@@ -52,8 +53,12 @@ class Flight:
 class Simulation:
     """Runs ``policy`` over a schedule in ``world``; reports each request to ``on_result``."""
 
-    def __init__(self, world: World, policy: Policy, label: str, on_result: OnResult) -> None:
+    def __init__(
+        self, world: World, policy: Policy, label: str, on_result: OnResult, *, salt: int = 0
+    ) -> None:
         self.world = world
+        self.prompts = Prompts(salt)
+        """Synthesized prompts salted as the live replayer salts its ``salt``-th run."""
         self.policy = policy
         self.label = label
         self.on_result = on_result
@@ -119,7 +124,7 @@ class Simulation:
         item, world, policy = planned.item, self.world, self.policy
         routed: Routed | None = None
         try:
-            routed = understand(item, self._model, world.config.classification)
+            routed = understand(item, self._model, world.config.classification, self.prompts)
             info = routed.info
             if not world.pool.known_model(info.model):
                 raise Refused(404, f"model '{info.model}' does not exist")
@@ -136,6 +141,7 @@ class Simulation:
                 backend.seed,
                 backend.engine.capacity_tokens(),
                 priority,
+                self.prompts,
             )
         except Refused as e:
             self._refused(item, routed, e, now)

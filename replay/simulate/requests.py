@@ -1,30 +1,31 @@
 """A trace row as the router and an engine would take it: the policy's ``RequestInfo`` and the
 engine's generation request, without sending a byte.
 
-Rows whose prompt is to be synthesized (imported traces, ``drop``-redacted captures) are not
-written out as text: the live replayer sizes such a prompt to the recorded token count under
-the documented rule, which both the router and the emulator count by, so the count is used
-as is. Their prefix hash stands for the synthesized text's leading block (equal leading
-Mooncake ``hash_ids`` give equal prefixes, any other prompt a prefix of its own), which is
-all a policy compares. Rows with real prompts go through the router's own classifier and the
-emulator's own validation.
+Rows with real prompts go through the router's own classifier and the emulator's own
+validation, with the emulator's token ids for its prefix cache. Rows whose prompt is to be
+synthesized (imported traces, ``drop``-redacted captures) are not written out as text: the
+live replayer sizes such a prompt to the recorded token count under the documented rule,
+which both the router and the emulator count by, so the count is used as is, and what the
+text would decide (token ids, the router's block chain, the prefix hash) comes from the
+prompt's block layout (:mod:`replay.simulate.prompts`).
 """
 
 from __future__ import annotations
 
 import random
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from emulator.api import Api, ApiError, Generation, check_context, parse_generation
 from emulator.profiles import Profile
+from emulator.prompt import prompt_ids
 from emulator.rank import Sequence
 from emulator.server import request_identity
 from emulator.text import natural_length, request_rng
 from policies.types import Endpoint, RequestInfo
 from replay.client import encode_body, request_class
+from replay.simulate.prompts import Prompts
 from replay.sources import Item
 from router.config.model import ClassificationSettings
 from router.control.classify import choose_class, classify
@@ -54,22 +55,22 @@ class Routed:
     """The body with its prompt (None when the prompt is synthesized)."""
     label: str
     """The class label the report files it under before the router answers."""
+    tokens: tuple[int, ...] = ()
+    """The prompt's token ids for the engine's prefix cache (empty: nothing is shared)."""
 
 
 def understand(
-    item: Item, model: str, settings: ClassificationSettings, *, turn_tokens: int = 0
+    item: Item, model: str, settings: ClassificationSettings, prompts: Prompts
 ) -> Routed:
-    """What the router's classifier makes of ``item``; raises :class:`Refused` (400/404).
-
-    ``turn_tokens`` adds the earlier turns of a session to a synthesized prompt.
-    """
+    """What the router's classifier makes of ``item``; raises :class:`Refused` (400/404)."""
     rec = item.record
     endpoint = ENDPOINTS.get(rec.url)
     if endpoint is None:
         raise Refused(404, f"{rec.url} is not simulated (chat and completions are)")
     header = rec.headers.get("x-request-class")
     session = rec.headers.get("x-session-id")
-    if item.synth is None:
+    synth = item.synth
+    if synth is None:
         try:
             parsed = classify(
                 encode_body(rec.body),
@@ -82,26 +83,28 @@ def understand(
             )
         except RouterError as e:
             raise Refused(e.status, e.message) from None
-        return Routed(item, parsed.info, parsed.doc, request_class(rec))
+        tokens = tuple(prompt_ids(parsed.doc, chat=endpoint == "chat"))
+        return Routed(item, parsed.info, parsed.doc, request_class(rec), tokens)
     body = rec.body
     budget = body.get("max_completion_tokens", body.get("max_tokens"))
-    lead = item.synth.hash_ids[0] if item.synth.hash_ids else rec.custom_id
+    tokens, blocks, prefix_hash = prompts.shape(item, synth)
     info = RequestInfo(
         request_id=rec.custom_id,
         endpoint=endpoint,
         model=str(body.get("model") or model),
         request_class="interactive",
         stream=bool(body.get("stream", False)),
-        prompt_tokens=item.synth.prompt_tokens + turn_tokens,
+        prompt_tokens=synth.prompt_tokens,
         max_tokens=budget if isinstance(budget, int) else None,
         session_key=session,
-        prefix_hash=zlib.crc32(f"block-{lead}".encode()),
+        prefix_hash=prefix_hash,
+        prefix_blocks=blocks,
     )
     try:
         cls = choose_class(info, body, header, None, settings)
     except RouterError as e:
         raise Refused(e.status, e.message) from None
-    return Routed(item, replace(info, request_class=cls), None, request_class(rec))
+    return Routed(item, replace(info, request_class=cls), None, request_class(rec), tokens)
 
 
 def engine_sequence(
@@ -111,6 +114,7 @@ def engine_sequence(
     seed: int,
     capacity: int,
     priority: int | None,
+    prompts: Prompts,
 ) -> tuple[Sequence, str]:
     """The sequence the emulator would schedule for ``routed`` and its finish reason.
 
@@ -150,5 +154,12 @@ def engine_sequence(
     length = max(min(length, cap), gen.min_tokens, 1)
     if gen.prompt_tokens + length > capacity:
         raise Refused(400, f"needs {gen.prompt_tokens + length} tokens of KV cache")
-    seq = Sequence(gen.prompt_tokens, length, gen.priority, rng=random.Random(rng.getrandbits(64)))
+    tokens = (*routed.tokens, *prompts.reply(length)) if routed.tokens else ()
+    seq = Sequence(
+        gen.prompt_tokens,
+        length,
+        gen.priority,
+        rng=random.Random(rng.getrandbits(64)),
+        tokens=tokens,
+    )
     return seq, "length" if length >= cap else "stop"
