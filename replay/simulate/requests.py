@@ -37,6 +37,13 @@ ENDPOINTS: Mapping[str, Endpoint] = {
 }
 
 
+def engine_api(endpoint: Endpoint) -> Api:
+    """The emulator's name for the API an endpoint serves."""
+    if endpoint == "chat" or endpoint == "responses":
+        return endpoint
+    return "completions"
+
+
 class Refused(Exception):
     """The request is answered with an error before or by an engine (status, message)."""
 
@@ -83,7 +90,7 @@ def understand(
             )
         except RouterError as e:
             raise Refused(e.status, e.message) from None
-        tokens = tuple(prompt_ids(parsed.doc, chat=endpoint == "chat"))
+        tokens = tuple(prompt_ids(parsed.doc, engine_api(endpoint)))
         return Routed(item, parsed.info, parsed.doc, request_class(rec), tokens)
     body = rec.body
     budget = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -128,10 +135,7 @@ def engine_sequence(
             doc["model"] = served
             if priority is not None:
                 doc["priority"] = priority
-            api: Api = "chat" if info.endpoint == "chat" else "completions"
-            if info.endpoint == "responses":
-                api = "responses"
-            gen = parse_generation(doc, api=api, served=served)
+            gen = parse_generation(doc, api=engine_api(info.endpoint), served=served)
             rng = request_rng(seed, request_identity(doc))
         else:
             body = routed.item.record.body

@@ -44,8 +44,8 @@ def test_ids_and_blocks_share_what_the_live_text_shares() -> None:
             settings=settings,
         ).info
         ids, blocks, prefix_hash = prompts.shape(item, item.synth)
-        assert len(ids) == len(prompt_ids(body, chat=True)) == info.prompt_tokens
-        rows.append((tuple(prompt_ids(body, chat=True)), info, ids, blocks, prefix_hash))
+        assert len(ids) == len(prompt_ids(body, "chat")) == info.prompt_tokens
+        rows.append((tuple(prompt_ids(body, "chat")), info, ids, blocks, prefix_hash))
     shared = 0
     for (live_a, info_a, a, blocks_a, h_a), (
         live_b,
