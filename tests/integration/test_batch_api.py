@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.batchkit import MODEL, chat_line, jsonl, lines_of, submit, wait
-from tests.procs import Process, start_emulator
+from tests.procs import Process, run_replay, start_emulator
 from tests.router.harness import base_config, get, post, start_router, write_config
 
 
@@ -90,6 +90,13 @@ def test_a_batch_runs_on_the_batch_pool(
     mine = [c for c in captured if c["headers"].get("x-request-id") in ids]
     assert sorted(c["custom_id"] for c in mine) == sorted(ids)
     assert {(c["route"]["class"], c["route"]["backend"]) for c in mine} == {("batch", "deepinfer")}
+    # ...so replay replays the batch job from the capture.
+    job = capture.parent / f"{batch.id}.jsonl"
+    job.write_text("".join(json.dumps(c) + "\n" for c in mine))
+    out = capture.parent / f"{batch.id}-replay.json"
+    replayed = run_replay(str(job), "--target", router.url, "--out", str(out))
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(out.read_text())["runs"][0]["overall"]["completed"] == 30
     metrics = get(router.url + "/metrics").text
     assert f'switchyard_batch_lines_total{{batch="{batch.id}",outcome="completed"}} 30.0' in metrics
     assert f'switchyard_batch_tokens_total{{batch="{batch.id}",kind="completion"}}' in metrics
