@@ -93,10 +93,10 @@ def test_a_batch_runs_on_the_batch_pool(
     # ...so replay replays the batch job from the capture.
     job = capture.parent / f"{batch.id}.jsonl"
     job.write_text("".join(json.dumps(c) + "\n" for c in mine))
-    out = capture.parent / f"{batch.id}-replay.json"
-    replayed = run_replay(str(job), "--target", router.url, "--out", str(out))
+    report = capture.parent / f"{batch.id}-replay.json"
+    replayed = run_replay(str(job), "--target", router.url, "--out", str(report))
     assert replayed.returncode == 0, replayed.stderr
-    assert json.loads(out.read_text())["runs"][0]["overall"]["completed"] == 30
+    assert json.loads(report.read_text())["runs"][0]["overall"]["completed"] == 30
     metrics = get(router.url + "/metrics").text
     assert f'switchyard_batch_lines_total{{batch="{batch.id}",outcome="completed"}} 30.0' in metrics
     assert f'switchyard_batch_tokens_total{{batch="{batch.id}",kind="completion"}}' in metrics
