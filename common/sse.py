@@ -12,10 +12,14 @@ Definitions follow vLLM's serving benchmark: TTFT is the time to the first event
 content; ITL are the gaps between content events; TPOT is ``(e2e - ttft) / (tokens - 1)``.
 
 The Responses API's typed events (``event: response.output_text.delta`` and a ``data`` line
-whose ``type`` repeats it) are read the same way: content is a non-empty text, reasoning or
-function-call argument delta, the stream ends at ``response.completed`` (or ``.incomplete``,
-``.failed``) rather than ``[DONE]``, and that event's response carries the usage
-(``input_tokens``, ``output_tokens``), status and error.
+whose ``type`` repeats it) are read by name, on a shortcut: a ``*.delta`` event like any
+content event (content is a non-empty text, reasoning, refusal or function-call argument
+delta), the last event (``response.completed``, ``.incomplete`` or ``.failed``, which ends
+the stream instead of ``[DONE]``, its response carrying the usage as ``input_tokens`` and
+``output_tokens``, the status and the error) and the ``error`` event read whole, the other
+events (items and parts added and done) not read at all. Typed events sent without their
+``event:`` line are read by their ``data`` alone, as chat chunks are: the last event is then
+found by its usage or error.
 """
 
 from __future__ import annotations
@@ -65,16 +69,7 @@ _NOT_NULL = _WS + b":" + _WS + rb"[^n \t\r\n]"  # after a key: a value other tha
 _CONTENT_HINT = re.compile(
     rb'"(?:content|text|reasoning|reasoning_content|tool_calls|delta)"' + _NOT_NULL
 )
-# ... and the Responses API's last events and error event, whatever they carry.
-_META_HINT = re.compile(
-    rb'"(?:error|finish_reason|usage)"'
-    + _NOT_NULL
-    + rb'|"type"'
-    + _WS
-    + b":"
-    + _WS
-    + rb'"(?:response\.(?:completed|incomplete|failed)|error)"'
-)
+_META_HINT = re.compile(rb'"(?:error|finish_reason|usage)"' + _NOT_NULL)
 _ERROR_START = re.compile(_WS + rb"\{" + _WS + rb'"error"')
 _DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
 # Responses API events that carry generated content, and those that end a stream.
@@ -87,6 +82,8 @@ _CONTENT_TYPES = frozenset(
     }
 )
 _LAST_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# The names of the typed events read whole: the last ones and the error event.
+_READ_NAMES = frozenset({t.encode() for t in _LAST_TYPES} | {b"error"})
 
 
 def _blank_line(data: bytes, pos: int) -> int:
@@ -428,8 +425,7 @@ class StreamMeter:
                 and buf.find(b"\n", n + 1, e) < 0
                 and buf.find(b"\r", s, e) < 0
             ):
-                token = buf.find(_DELTA, s, n) >= 0  # only delta events stand for tokens
-                return self._payload(buf[n + 7 if buf[n + 6] == 0x20 else n + 6 : e], now, token)
+                return self._typed_event(buf, s, n, e, now)
         if self._bom:
             self._bom = False
             s += 3  # the first event starts with it
@@ -441,15 +437,35 @@ class StreamMeter:
             return True  # comments (": keep-alive") or fields we do not meter
         return self._payload(b"\n".join(values), now)
 
-    def _payload(self, payload: bytes, now: float, token: bool = True) -> bool:
-        """Meter an event's data; False if the event must not be forwarded. ``token``: the
-        event counts in :attr:`data_events` (a typed event named other than ``*.delta`` not)."""
+    def _typed_event(self, buf: bytes, s: int, n: int, e: int, now: float) -> bool:
+        """Meter the typed event ``event: NAME`` (``buf[s:n]``) whose one data line ends at
+        ``e``, by its name: a delta like any content event, the last and error events read
+        whole, and the rest (framing: items and parts added and done) not at all."""
+        a = n + 7 if buf[n + 6] == 0x20 else n + 6  # where the data's value starts
+        if buf.endswith(_DELTA, s, n):
+            if self._track_gaps or self.first_content is None:
+                return self._payload(buf[a:e], now)
+            # A later delta carries nothing the figures need (usage, error and the end come
+            # in the last event): counted, not read.
+            self.data_events += 1
+            self.last_event = now
+            return True
+        self.last_event = now
+        if buf[s + 6 : n].strip() in _READ_NAMES:
+            doc = self._parse(buf[a:e])
+            if isinstance(doc, dict):
+                self._typed(doc.get("type"), doc)
+            elif doc is not _BAD:
+                self._count("bad_json")
+        return True
+
+    def _payload(self, payload: bytes, now: float) -> bool:
+        """Meter an event's data; False if the event must not be forwarded."""
         self.last_event = now
         if payload == _DONE or (len(payload) < 16 and payload.strip() == _DONE):
             self.done = True
             return True
-        if token:
-            self.data_events += 1
+        self.data_events += 1
         if (self._track_gaps or self.first_content is None) and _CONTENT_HINT.search(payload):
             doc = self._parse(payload)
             if _has_content(doc):

@@ -40,6 +40,11 @@ class Recorder(StreamMeter):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.seen: list[bytes] = []
 
-    def _payload(self, payload: bytes, now: float, token: bool = True) -> bool:
+    def _payload(self, payload: bytes, now: float) -> bool:
         self.seen.append(payload)
-        return super()._payload(payload, now, token)
+        return super()._payload(payload, now)
+
+    def _typed_event(self, buf: bytes, s: int, n: int, e: int, now: float) -> bool:
+        if not buf.endswith(b".delta", s, n):  # a delta's data reaches _payload
+            self.seen.append(buf[n + 7 if buf[n + 6] == 0x20 else n + 6 : e])
+        return super()._typed_event(buf, s, n, e, now)

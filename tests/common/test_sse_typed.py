@@ -144,3 +144,12 @@ def test_tpot_is_per_choice_when_n_choices_stream_side_by_side() -> None:
         for t, e in enumerate(events):
             meter.feed(e, float(t))
         assert meter.figures().tpot == expected
+
+
+def test_typed_events_without_their_event_lines_are_read_by_their_data() -> None:
+    events = [e.split(b"\n", 1)[1] for e in _stream(["a", " b"])]  # `data:` lines alone
+    meter = StreamMeter(0.0, track_gaps=False)
+    for i, e in enumerate(events):
+        meter.feed(e, float(i))
+    fig = meter.figures()
+    assert fig.ttft == 4.0 and fig.done and fig.completion_tokens == 2
