@@ -9,7 +9,9 @@ where it went (the ``X-Switchyard-*`` response headers) and how it was answered:
 - batch: non-streamed requests with ``service_tier="flex"`` (OpenAI's own way to say
   "cheaper, slower is fine"; the router's default config classifies them as batch);
 - one request that names its class and policy in headers (``X-Request-Class``,
-  ``X-Switchyard-Policy``), as a replay or a canary client would.
+  ``X-Switchyard-Policy``), as a replay or a canary client would;
+- one streamed request to the Responses API (``client.responses.create``), the API new
+  applications are written against: routed and measured like a chat.
 """
 
 from __future__ import annotations
@@ -74,6 +76,26 @@ def pinned(client: OpenAI, model: str, policy: str) -> None:
     show("headers", dict(raw.headers), raw.parse().choices[0].text, time.perf_counter() - start)
 
 
+def responses(client: OpenAI, model: str, prompt: str) -> None:
+    """A streamed Responses API request: typed events, the text in its deltas, the usage in
+    ``response.completed``."""
+    start = time.perf_counter()
+    raw = client.responses.with_raw_response.create(
+        model=model,
+        instructions="Answer in one sentence.",
+        input=prompt,
+        max_output_tokens=32,
+        stream=True,
+    )
+    text, tokens = "", None
+    for event in raw.parse():
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        elif event.type == "response.completed" and event.response.usage is not None:
+            tokens = event.response.usage.output_tokens
+    show("responses", dict(raw.headers), f"{tokens} tokens: {text}", time.perf_counter() - start)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--base-url", default="http://127.0.0.1:8080/v1")
@@ -83,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="round-robin", help="policy for the header example")
     args = p.parse_args(argv)
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
-    model = args.model or client.models.list().data[0].id
+    model = client.models.retrieve(args.model).id if args.model else client.models.list().data[0].id
     print(f"model {model} at {args.base_url}")
     for i in range(args.requests):
         send = interactive if i % 3 != 2 else batch  # two interactive for one batch
         send(client, model, PROMPTS[i % len(PROMPTS)])
     pinned(client, model, args.policy)
+    responses(client, model, PROMPTS[0])
     return 0
 
 

@@ -3,7 +3,10 @@ emulators serving different models, driven by the official openai client."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -14,6 +17,7 @@ from tests.router.harness import base_config, client_for, post, start_router, wr
 
 BIG = "deepseek-v4.1-flash"
 SMALL = "small-model"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_client.py"
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +106,15 @@ def test_n_above_one_where_the_backend_cannot_serve_it_is_a_clear_400(router: st
         )
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == "n" and "`n` > 1" in body["message"]
+
+
+def test_the_openai_client_example_runs_against_the_router(router: str) -> None:
+    argv = [sys.executable, str(EXAMPLE), "--base-url", router + "/v1", "--requests", "3"]
+    argv += ["--model", SMALL, "--policy", "round-robin"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"model {SMALL} at {router}/v1"
+    kinds = [line.split()[0] for line in lines[1:]]
+    assert kinds == ["interactive", "interactive", "batch", "headers", "responses"]
+    assert all("backend=small" in line for line in lines[1:])
