@@ -303,7 +303,10 @@ class AdaptivePolicy:
     def _forget_spill(self, request_id: str) -> None:
         backend = self._where.pop(request_id, None)
         if backend is not None:
-            del self._spills[backend][request_id]
+            records = self._spills[backend]
+            del records[request_id]
+            if not records:  # no empty record per backend that ever was (they come and go)
+                del self._spills[backend]
 
     def _reconcile(self, c: Candidate) -> None:
         """Drop spill records the router can no longer have open on ``c``.
@@ -320,6 +323,12 @@ class AdaptivePolicy:
     def spilled(self, backend: str) -> int:
         """Spilled batch requests currently open on ``backend`` (for debugging endpoints)."""
         return len(self._spills.get(backend, ()))
+
+    def forget(self, backend: str) -> None:
+        """Drop the figures learned of ``backend`` (:class:`policies.base.Forgets`); its open
+        spill records go as their requests finish."""
+        for learned in (self.predictor, self.tpot, self.pace, self.cache):
+            learned.forget(backend)
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn prefill rates, release spill slots, and track interactive attainment."""

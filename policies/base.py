@@ -39,6 +39,18 @@ class Learner(Protocol):
 
 
 @runtime_checkable
+class Forgets(Protocol):
+    """A policy or plugin that keeps figures per backend name.
+
+    ``forget`` is called when a backend has left the router (a replica behind a DNS name
+    that went away, or one a reload removed), so figures of backends that come and go stay
+    bounded; a backend that comes back under the name starts afresh.
+    """
+
+    def forget(self, backend: str) -> None: ...
+
+
+@runtime_checkable
 class Policy(Protocol):
     """A named routing policy: ``choose`` is pure and synchronous; ``on_finish`` feeds back."""
 

@@ -13,7 +13,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from policies.base import Filter, Learner, NullObserver, Picker, PipelineObserver, Scorer
+from policies.base import (
+    Filter,
+    Forgets,
+    Learner,
+    NullObserver,
+    Picker,
+    PipelineObserver,
+    Scorer,
+)
 from policies.pickers import MaxScorePicker
 from policies.types import Candidate, Decision, Outcome, RequestInfo
 
@@ -127,3 +135,9 @@ class PipelinePolicy:
         """Forward the outcome to every plugin that learns."""
         for learner in self.learners:
             learner.on_finish(req, backend, outcome)
+
+    def forget(self, backend: str) -> None:
+        """Forward to every plugin that keeps figures per backend (:class:`Forgets`)."""
+        for plugin in (*self.filters, *(s for s, _ in self.scorers), self.picker):
+            if isinstance(plugin, Forgets):
+                plugin.forget(backend)

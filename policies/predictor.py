@@ -101,6 +101,10 @@ class TtftPredictor:
         while len(self._pending) > self.pending_limit:
             self._pending.popitem(last=False)
 
+    def forget(self, backend: str) -> None:
+        """Drop what was learned of ``backend`` (see :class:`policies.base.Forgets`)."""
+        self._rates.pop(backend, None)
+
     def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn from a finished request.
 
@@ -142,6 +146,9 @@ class TpotTracker:
         tpot = self._tpot.get(backend)
         return tpot if tpot is not None else self.priors.get(group_of(backend), self.default_prior)
 
+    def forget(self, backend: str) -> None:
+        self._tpot.pop(backend, None)
+
     def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn from a finished streamed request that produced at least two tokens."""
         if not req.stream or not outcome.ok or outcome.tpot_s is None or outcome.tpot_s <= 0:
@@ -164,6 +171,9 @@ class PaceTracker:
     def pace(self, backend: str) -> float | None:
         """Seconds per output token of recent batch work on ``backend``; None before any."""
         return self._pace.get(backend)
+
+    def forget(self, backend: str) -> None:
+        self._pace.pop(backend, None)
 
     def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn from a finished batch request that produced output."""

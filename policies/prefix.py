@@ -78,6 +78,10 @@ class PrefixIndex:
         """Blocks remembered for ``backend``."""
         return len(self._lru.get(backend, ()))
 
+    def forget(self, backend: str) -> None:
+        """Drop ``backend``'s blocks (it left: see :class:`policies.base.Forgets`)."""
+        self._lru.pop(backend, None)
+
     def record(self, backend: str, blocks: Sequence[int]) -> None:
         """``backend`` now holds ``blocks``: they become its most recently used, the head
         last, so the head is evicted last (a shared head outlives each prompt's tail)."""
@@ -140,6 +144,9 @@ class CacheAwareScorer:
         if outcome.ok:
             self.index.record(backend, req.prefix_blocks)
 
+    def forget(self, backend: str) -> None:
+        self.index.forget(backend)
+
 
 def make_cache_aware(p: Reader, ctx: BuildContext) -> Scorer:
     """``cache-aware``: ``capacity_blocks`` (default 16384), ``max_imbalance`` (default 4)."""
@@ -192,3 +199,6 @@ class CacheAwarePolicy:
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         if outcome.ok:
             self.index.record(backend, req.prefix_blocks)
+
+    def forget(self, backend: str) -> None:
+        self.index.forget(backend)

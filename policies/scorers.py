@@ -68,6 +68,9 @@ class PredictedTtftScorer:
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         self.predictor.observe(req, backend, outcome)
 
+    def forget(self, backend: str) -> None:
+        self.predictor.forget(backend)
+
 
 @dataclass(frozen=True, slots=True)
 class SessionAffinityScorer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,7 +14,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from policies.base import Policy
+from policies.base import Forgets, Policy
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
 from policies.types import REQUEST_CLASSES, Endpoint
 from router.backends.fleet import Fleet, Resolver, resolve_dns
@@ -37,6 +38,7 @@ from router.reload import Reloader
 from router.server.errors import SERVER, RouterError, error_response
 from router.server.site import GuardedSite, handler_options, single_headers
 
+log = logging.getLogger("router")
 STATE = web.AppKey("state", RouterState)
 RELOADER = web.AppKey("reloader", Reloader)
 # aiohttp's default of 128 drops SYNs when hundreds of clients connect at once (+1 s each).
@@ -128,10 +130,17 @@ def _watch(metrics: Metrics, backend: BackendState) -> None:
     metrics.watch_backend(backend.name, inflight, up)
 
 
-def _unwatch(state: RouterState, backend: BackendState) -> None:
-    """A backend left the pool: its gauges go, and so do its idle connections."""
+def _left(state: RouterState, backend: BackendState) -> None:
+    """A backend left the pool: its gauges go, its idle connections, and what the policies
+    learned of it (policies.base.Forgets), so backends that come and go leave nothing."""
     state.metrics.unwatch_backend(backend.name)
     state.connections.forget(backend.spec.url, backend.tls)
+    for policy in state.policies.values():
+        if isinstance(policy, Forgets):
+            try:
+                policy.forget(backend.name)
+            except Exception:  # an out-of-tree policy's bug must not stop the fleet
+                log.exception("policy %s failed to forget %s", policy.name, backend.name)
 
 
 def _routes(app: web.Application, state: RouterState) -> None:
@@ -259,7 +268,7 @@ async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[N
         state.pool,
         monitor,
         added=partial(_watch, state.metrics),
-        removed=partial(_unwatch, state),
+        removed=partial(_left, state),
         resolver=resolver,
     )
     await state.fleet.start(state.config.backends)
