@@ -126,3 +126,5 @@ def test_streamed_bodies_ask_for_usage() -> None:
     kept = encode_body({"stream": True, "stream_options": {"include_usage": True, "x": 1}})
     assert kept == b'{"stream":true,"stream_options":{"include_usage":true,"x":1}}'
     assert encode_body({"stream": False}) == b'{"stream":false}'
+    # The Responses API's stream always ends with usage, and takes no such option.
+    assert encode_body({"stream": True}, "/v1/responses") == b'{"stream":true}'

@@ -29,6 +29,14 @@ def test_shared_hash_ids_share_a_prefix() -> None:
     assert a[:50] != c[:50]
 
 
+def test_a_responses_line_gets_its_prompt_as_input_messages() -> None:
+    s = PromptSynth()
+    body = s.body({"model": "m", "max_output_tokens": 5}, Synth(40), "r", "/v1/responses")
+    assert set(body) == {"model", "max_output_tokens", "input"}
+    assert count_chat(body["input"]) == 40
+    assert "messages" in s.body({"model": "m"}, Synth(40), "r")  # chat, by default
+
+
 def test_unshared_prompts_differ_from_the_first_word() -> None:
     s = PromptSynth()
     a = s.messages(Synth(300), "x")[0]["content"]

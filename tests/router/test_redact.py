@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.tokens import count_chat, count_text
+from common.tokens import count_chat, count_text, response_messages
 from router.config.model import Redaction
-from router.observe.redact import hash_text, redact, redact_error
+from router.observe.redact import hash_text, prompt_size, redact, redact_error
 
 KEY = bytes(range(32))
 MODES: tuple[Redaction, ...] = ("hash", "drop")
@@ -306,3 +306,21 @@ def test_an_engines_error_message_quoting_the_prompt_is_redacted(mode: Redaction
     assert out["type"] == "BadRequestError" and out["code"] == 400
     assert ("message" in out) is (mode == "hash")
     assert redact_error(error, "none", KEY) == error
+
+
+def test_a_responses_body_keeps_its_item_structure_and_prompt_size() -> None:
+    message = {"type": "message", "role": "user",
+               "content": [{"type": "input_text", "text": "my leak-secret plan"}]}  # fmt: skip
+    body = {"model": "m", "instructions": "leak-system prompt.", "input": [message]}
+    hashed = redact(body, "hash", KEY)
+    assert b"leak" not in orjson.dumps(hashed)
+    item = hashed["input"][0]
+    assert (item["type"], item["role"], item["content"][0]["type"]) == (
+        "message",
+        "user",
+        "input_text",
+    )
+    size = count_chat(response_messages([message], body["instructions"]))
+    assert count_chat(response_messages(hashed["input"], hashed["instructions"])) == size
+    assert redact(body, "drop", KEY) == {"model": "m"}
+    assert prompt_size(body) == size  # what a dropped line keeps for replay to synthesize
