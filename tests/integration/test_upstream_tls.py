@@ -105,6 +105,7 @@ def test_ca_bundle_client_certificate_and_server_name(
             ("named", emulators["named"].url, {**ca, "server_name": SNI}),
             ("wrong_ca", emulators["tls"].url, {"ca_file": str(pki.other_ca)}),
             ("no_cert", emulators["mtls"].url, ca),
+            ("insecure", emulators["named"].url, {"verify": False}),  # any certificate
             ("disc", "", ca),
         ]
     )
@@ -122,9 +123,10 @@ def test_ca_bundle_client_certificate_and_server_name(
             "named": True,
             "wrong_ca": False,
             "no_cert": False,
+            "insecure": True,
             "disc@127.0.0.1": True,
         }
-        for name in ("tls", "mtls", "named", "disc"):
+        for name in ("tls", "mtls", "named", "insecure", "disc"):
             assert _chat(router, f"{name}-only"), name
         # Not offered while its probes fail: a clear 503 in OpenAI's shape.
         with pytest.raises(openai.APIStatusError) as caught:

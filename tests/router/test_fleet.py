@@ -12,7 +12,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from router.app import RELOADER, STATE, build_app, listen_socket, serve
-from router.config.parse import load_config
+from router.backends.fleet import replica
+from router.backends.pool import BackendState, Pool
+from router.config.model import HealthSettings
+from router.config.parse import load_config, parse_config
 from tests.router.fake_upstream import FakeEngine
 from tests.router.harness import base_config, write_config
 from tests.router.rawserver import until
@@ -100,3 +103,31 @@ async def test_reload_keeps_a_replica_unless_what_it_is_changed(tmp_path: Path) 
             assert other is not first and other.name == first.name  # a new backend
         finally:
             await served.runner.cleanup()
+
+
+def test_the_pool_treats_replicas_as_their_configured_backend() -> None:
+    """Aliases and shadow targets (members) see a discovered backend's replicas; the
+    ejection cap follows the set's size as it changes."""
+    group = parse_config(_doc(8000)).backends[0]
+    pool = Pool((group,), {"chat": {"pool": "served-name"}}, HealthSettings())
+    assert pool.backends == []  # replicas join as they are found
+    one, two = (pool.state(replica(group, a)) for a in ("10.0.0.1", "fd00::2"))
+    for backend in (one, two):
+        pool.add(backend)
+    assert (one.name, one.spec.url) == ("pool@10.0.0.1", "http://10.0.0.1:8000")
+    assert (two.name, two.spec.url) == ("pool@fd00::2", "http://[fd00::2]:8000")
+    assert pool.upstream_model(two, "chat") == "served-name"
+    assert pool.members("pool") == [one, two] and pool.members("other") == []
+
+    def fail(backend: BackendState) -> None:
+        for _ in range(HealthSettings().failures_to_eject):
+            backend.breaker.failed()
+
+    fail(one)
+    fail(two)  # half of two backends may be out: one
+    assert one.breaker.ejected and not two.breaker.ejected
+    for a in ("10.0.0.3", "10.0.0.4"):
+        pool.add(pool.state(replica(group, a)))
+    fail(two)  # half of four: two
+    assert two.breaker.ejected
+    assert pool.remove(one.name) is one and pool.members("pool")[0] is two
