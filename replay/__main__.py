@@ -18,7 +18,7 @@ from replay.merge import main as merge_main
 from replay.plan import Plan, PlanOptions, dry_run
 from replay.replayer import Replayer, ReplayOptions, build_report, dumps_report
 from replay.report import render_tables
-from replay.sources import FORMATS, Format, Source, SourceError, detect_format
+from replay.sources import FORMATS, SESSION_MODES, Format, Source, SourceError, detect_format
 from replay.synth import PromptSynth
 
 
@@ -60,6 +60,17 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+def add_sessions_option(p: argparse.ArgumentParser) -> None:
+    """``--sessions``: which rows replay as conversations (see replay.sessions)."""
+    p.add_argument(
+        "--sessions",
+        choices=SESSION_MODES,
+        default="auto",
+        help="conversations: rows naming a session (auto), also Mooncake rows extending an "
+        "earlier prompt (infer), or none (off)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="replay",
@@ -93,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shadow-results", metavar="shadow.jsonl", help="--results for the shadow's answers"
     )
+    add_sessions_option(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, send nothing")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     return p
@@ -185,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         shadow_results=a.shadow_results,
         api_key=a.api_key,
         progress=sys.stdout.isatty() and not a.no_progress,
+        sessions=a.sessions,
     )
     try:
         fmt = a.format or detect_format(a.file)

@@ -23,7 +23,8 @@ from replay.client import Client, Result, encode_body
 from replay.plan import Plan, PlanOptions, dry_run
 from replay.report import RunReport
 from replay.runner import Runner
-from replay.sources import Format, Item, Source
+from replay.sessions import Conversations
+from replay.sources import Format, Item, SessionMode, Source
 from replay.synth import Calibration, PromptSynth, calibrate
 
 _TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
@@ -45,6 +46,7 @@ class ReplayOptions:
     shadow_results: str | None = None
     """Where the shadow target's answers go, one line per request as in ``results``."""
     progress: bool = False
+    sessions: SessionMode = "auto"
     api_key: str | None = field(default=None, repr=False)
 
 
@@ -154,7 +156,7 @@ class Replayer:
         self.format: Format | None = opts.format
 
     def _source(self, model: str) -> Source:
-        src = Source(self.opts.file, self.opts.format, model=model)
+        src = Source(self.opts.file, self.opts.format, model=model, sessions=self.opts.sessions)
         self.format = src.format
         return src
 
@@ -203,6 +205,7 @@ class Replayer:
             else None
         )
         source = self._source(model)
+        conversations = Conversations(synth)
         runner: Runner
 
         def prepare(item: Item) -> bytes:
@@ -215,14 +218,27 @@ class Replayer:
             return encode_body(body, rec.url)
 
         async def send(item: Item, body: bytes, lag: float | None) -> None:
+            r = None
+            turn = None
+            try:
+                before = self.clock()
+                body, turn = await conversations.begin(item, body)
+                if self.clock() - before > 1e-3:
+                    lag = None  # it waited for the previous turn's answer: not a late send
+                r = await send_now(item, body, lag)
+            finally:
+                conversations.end(item, turn, body, r)
+
+        async def send_now(item: Item, body: bytes, lag: float | None) -> Result:
             rec = item.record
             sent_at = self.clock() - runner.start
+            keep = item.session is not None  # the answer goes into the next turn's prompt
             if shadow is None:
-                r = await client.send(rec, body, lag)
+                r = await client.send(rec, body, lag, keep_text=keep)
             else:
                 det = rec.body.get("temperature") == 0
                 r, s = await asyncio.gather(
-                    client.send(rec, body, lag, keep_text=det),
+                    client.send(rec, body, lag, keep_text=det or keep),
                     shadow.send(rec, body, lag, keep_text=det),
                 )
                 report.add_shadow(r, s, deterministic=det, end=_end(sent_at, s))
@@ -231,6 +247,7 @@ class Replayer:
             report.add(r, end=_end(sent_at, r))
             if results is not None:
                 results.write(result_line(item, r, sent_at))
+            return r
 
         runner = Runner(prepare, send, clock=self.clock)
         progress_task = None

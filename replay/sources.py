@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime as dt
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,6 +22,14 @@ import orjson
 
 from common.capture import CaptureFormatError, CaptureRecord, Response, record_from_dict
 
+BLOCK_TOKENS = 512
+"""Tokens per Mooncake ``hash_ids`` block."""
+_SESSIONS = 100_000
+"""Open sessions a source keeps track of (least recently continued forgotten first)."""
+SessionMode = Literal["auto", "infer", "off"]
+"""Which rows form sessions: those that name one (``auto``), also Mooncake rows that extend
+an earlier row's prompt (``infer``), none (``off``)."""
+SESSION_MODES: tuple[SessionMode, ...] = ("auto", "infer", "off")
 Format = Literal["capture", "mooncake", "azure", "burstgpt", "openai-batch"]
 FORMATS: tuple[Format, ...] = ("capture", "mooncake", "azure", "burstgpt", "openai-batch")
 CHAT_URL = "/v1/chat/completions"
@@ -47,6 +56,10 @@ class Item:
     row: int
     record: CaptureRecord
     synth: Synth | None = None
+    session: str | None = None
+    """The conversation it is a turn of (see :mod:`replay.sessions`), if any."""
+    delay: float | None = None
+    """Seconds to wait after the previous turn's answer (a Mooncake row's ``delay``)."""
 
 
 def detect_format(path: str) -> Format:
@@ -81,7 +94,14 @@ def _detect_line(line: bytes, path: str) -> Format:
 class Source:
     """Iterates the file's items; counts the rows it could not or would not replay."""
 
-    def __init__(self, path: str, fmt: Format | None = None, *, model: str = "default") -> None:
+    def __init__(
+        self,
+        path: str,
+        fmt: Format | None = None,
+        *,
+        model: str = "default",
+        sessions: SessionMode = "auto",
+    ) -> None:
         self.path = path
         self.format: Format = fmt or detect_format(path)
         if self.format not in FORMATS:
@@ -89,6 +109,11 @@ class Source:
         self.model = model
         self.skipped = 0
         self.errors: list[str] = []  # the first few, for the user
+        self.sessions = sessions
+        # Mooncake sessions: the last turn's time, and (inferring) each open session's last
+        # turn by the prompt blocks a next turn would start with; both bounded (LRU).
+        self._last: OrderedDict[str, float] = OrderedDict()
+        self._tails: OrderedDict[tuple[int, ...], tuple[str, int, int]] = OrderedDict()
 
     def __iter__(self) -> Iterator[Item]:
         if self.format in ("capture", "openai-batch"):
@@ -129,18 +154,46 @@ class Source:
             if size is None:
                 raise CaptureFormatError("no prompt and no usage.prompt_tokens to size one")
             synth = Synth(size)
-        return Item(row, rec, synth)
+        session = None if self.sessions == "off" else rec.headers.get("x-session-id")
+        return Item(row, rec, synth, session=session)
 
     def _mooncake_line(self, row: int, doc: Any) -> Item | None:
         hash_ids = tuple(int(h) for h in doc.get("hash_ids") or ())
-        return self._imported(
-            row,
-            f"mooncake-{row}",
-            float(doc["timestamp"]),
-            doc["input_length"],
-            doc["output_length"],
-            hash_ids,
+        p, o = int(doc["input_length"]), int(doc["output_length"])
+        session = doc.get("session_id")
+        session = None if session is None or self.sessions == "off" else str(session)
+        if session is None and self.sessions == "infer":
+            session = self._infer(f"mooncake-{row}", hash_ids, p, o)
+        delay = doc.get("delay")
+        if "timestamp" in doc:
+            t = float(doc["timestamp"])
+        elif session is not None and session in self._last and delay is not None:
+            t = self._last[session]  # a later turn timed by its delay alone
+        else:
+            raise KeyError("timestamp")
+        if session is not None:
+            _remember(self._last, session, t)
+        item = self._imported(row, f"mooncake-{row}", t, p, o, hash_ids)
+        if item is None or session is None:
+            return item
+        return dataclasses.replace(
+            item, session=session, delay=None if delay is None else float(delay) / 1000.0
         )
+
+    def _infer(self, own: str, hash_ids: tuple[int, ...], p: int, o: int) -> str:
+        """The session a row continues: one whose last prompt's whole blocks it begins with
+        and whose prompt and answer it holds; else a session of its own."""
+        session = own
+        for n in range(len(hash_ids), 0, -1):
+            prev = self._tails.get(hash_ids[:n])
+            if prev is not None and p >= prev[1] + prev[2]:
+                session = prev[0]
+                del self._tails[hash_ids[:n]]
+                break
+        whole = p // BLOCK_TOKENS
+        if whole:
+            _remember(self._tails, hash_ids[:whole], (session, p, o))
+        return session
 
     def _imported(
         self,
@@ -188,6 +241,13 @@ class Source:
                     continue
                 if item is not None:
                     yield item
+
+
+def _remember(table: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    if len(table) > _SESSIONS:
+        table.popitem(last=False)
 
 
 def forced_output_body(model: str, output_tokens: int) -> dict[str, Any]:

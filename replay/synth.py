@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD
-from replay.sources import CHAT_URL, RESPONSES_URL, Synth
+from replay.sources import BLOCK_TOKENS, CHAT_URL, RESPONSES_URL, Synth
 
-BLOCK_TOKENS = 512
 _VOCAB = (
     "the",
     "of",

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from replay.__main__ import _positive, _shard, _window
+from replay.__main__ import _positive, _shard, _window, add_sessions_option
 from replay.client import Result
 from replay.html import collect_samples, render_html
 from replay.plan import Plan, Planned, PlanOptions, dry_run
@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-gap", type=_positive(float), metavar="SECONDS")
     p.add_argument("--window", type=_window, metavar="START:END")
     p.add_argument("--shard", type=_shard, metavar="I/N", help="the I-th of N time windows")
+    add_sessions_option(p)
     p.add_argument("--out", metavar="report.json")
     p.add_argument("--results", metavar="results.jsonl")
     p.add_argument("--html", metavar="report.html")
@@ -103,7 +104,7 @@ class Simulator:
         self.skipped: list[str] = []
 
     def _source(self, model: str) -> Source:
-        src = Source(self.a.file, self.a.format, model=model)
+        src = Source(self.a.file, self.a.format, model=model, sessions=self.a.sessions)
         self.format = src.format
         return src
 

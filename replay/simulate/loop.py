@@ -18,21 +18,27 @@ per gap: the mean ITL is exact, ITL percentiles are over per-request means.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from emulator.rank import Sequence
 from policies.base import Policy
 from policies.types import Outcome
 from replay.client import Result
 from replay.plan import Planned
-from replay.simulate.prompts import Prompts
-from replay.simulate.requests import Refused, Routed, engine_sequence, understand
+from replay.sessions import Turn
+from replay.simulate.prompts import Piece, Prompts
+from replay.simulate.requests import Refused, Routed, SimTurn, engine_sequence, understand
 from replay.simulate.world import Backend, World
 from replay.sources import Item
 from router.backends.pool import BackendLease
 
+SESSIONS = 100_000
+"""Conversations remembered at once (the least recently continued idle one goes first)."""
 OnResult = Callable[[Item, Result, float], None]
 """Called with each answered or failed request, its result and its send time (seconds)."""
 
@@ -46,8 +52,20 @@ class Flight:
     lease: BackendLease
     sent: float
     finish: str
+    reply: Piece = (0, 0)
     first: float | None = None
     chunks: int = 0
+
+
+@dataclass(slots=True)
+class Session:
+    """A conversation in simulate: its last turn, and turns waiting for its answer."""
+
+    busy: bool = False
+    """A turn is in flight or scheduled: later turns wait."""
+    last: SimTurn | None = None
+    ended: float = 0.0
+    waiting: deque[Planned] = field(default_factory=deque)
 
 
 class Simulation:
@@ -63,6 +81,9 @@ class Simulation:
         self.label = label
         self.on_result = on_result
         self.flights: dict[Sequence, Flight] = {}
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._ready: list[tuple[float, int, Planned]] = []  # turns due after an answer
+        self._queued = 0  # turns waiting for an answer: engines then run step by step
         self._model = world.model()
         self.events = 0
         """Router moments (arrivals and scrapes) simulated."""
@@ -79,11 +100,15 @@ class Simulation:
         world.now = start
         arrivals = iter(plan)
         nxt = next(arrivals, None)
-        while nxt is not None or self.flights:
-            t_arrival = nxt.at if nxt is not None else math.inf
-            now = min(t_arrival, next_scrape)
+        ready = self._ready
+        while nxt is not None or self.flights or ready:
+            t_plan = nxt.at if nxt is not None else math.inf
+            t_ready = ready[0][0] if ready else math.inf
+            now = min(t_plan, t_ready, next_scrape)
             self._advance(now)
-            if nxt is None and not self.flights:  # the last answer is in: done
+            if ready and ready[0][0] < now:  # an answer just now let a turn go earlier
+                continue
+            if nxt is None and not self.flights and not ready:  # the last answer is in
                 break
             world.now = now
             self.events += 1
@@ -91,6 +116,8 @@ class Simulation:
                 for b in world.backends:
                     b.scrape()
                 next_scrape += every
+            elif t_ready <= now:
+                self._arrive(heapq.heappop(ready)[2], now, ready=True)
             elif nxt is not None:
                 self._arrive(nxt, now)
                 nxt = next(arrivals, None)
@@ -100,6 +127,8 @@ class Simulation:
         """Every engine to ``until``; then the answers that ended, in the order they ended."""
         ended: list[tuple[float, int, Flight, Sequence]] = []
         flights = self.flights
+        if self._queued:  # an answer may release a turn before ``until``: one step at a time
+            until = min([until, *(b.deadline for b in self.world.backends if b.deadline)])
         for b in self.world.backends:
             if b.deadline is None or b.deadline > until:
                 continue
@@ -120,11 +149,25 @@ class Simulation:
             self.world.now = t
             self._answer(f, seq, t)
 
-    def _arrive(self, planned: Planned, now: float) -> None:
+    def _arrive(self, planned: Planned, now: float, *, ready: bool = False) -> None:
         item, world, policy = planned.item, self.world, self.policy
         routed: Routed | None = None
+        prev: SimTurn | None = None
+        if item.session is not None:
+            s = self._session(item.session)
+            if not ready and s.busy:  # after the answer in flight (see replay.sessions)
+                s.waiting.append(planned)
+                self._queued += 1
+                return
+            delay = item.delay or 0.0
+            if not ready and s.last is not None and s.ended + delay > now:  # thinking still
+                s.busy = True
+                heapq.heappush(self._ready, (s.ended + delay, item.row, planned))
+                return
+            s.busy = True
+            prev = s.last
         try:
-            routed = understand(item, self._model, world.config.classification, self.prompts)
+            routed = understand(item, self._model, world.config.classification, self.prompts, prev)
             info = routed.info
             if not world.pool.known_model(info.model):
                 raise Refused(404, f"model '{info.model}' does not exist")
@@ -134,7 +177,7 @@ class Simulation:
             decision = policy.choose(info, candidates)
             backend, served = world.choose(policy, info.model, decision)
             priority = decision.priority if backend.state.spec.priority_capable else None
-            seq, finish = engine_sequence(
+            seq, finish, reply = engine_sequence(
                 routed,
                 backend.profile,
                 served,
@@ -147,7 +190,7 @@ class Simulation:
             self._refused(item, routed, e, now)
             return
         lease = backend.state.lease(info)
-        self.flights[seq] = Flight(routed, backend, lease, now, finish)
+        self.flights[seq] = Flight(routed, backend, lease, now, finish, reply)
         backend.engine.submit(seq, now * backend.scale)
         backend.refresh()
 
@@ -157,7 +200,33 @@ class Simulation:
         r = Result(item.record.custom_id, cls, e.status, False, None, None, self.label, error=error)
         if routed is not None:  # the router feeds back refusals too (see Exchange.finish)
             self.policy.on_finish(routed.info, "none", Outcome(e.status, False))
+        self._turn_over(item, None, now)
         self.on_result(item, r, now)
+
+    def _session(self, name: str) -> Session:
+        s = self._sessions.get(name)
+        if s is None:
+            s = self._sessions[name] = Session()
+            if len(self._sessions) > SESSIONS:  # forget the least recently continued idle one
+                idle = next((k for k, v in self._sessions.items() if not v.busy), None)
+                if idle is not None:
+                    del self._sessions[idle]
+        self._sessions.move_to_end(name)
+        return s
+
+    def _turn_over(self, item: Item, last: SimTurn | None, now: float) -> None:
+        """A session's turn ended (``last`` None: it failed): its next turn may go."""
+        if item.session is None:
+            return
+        s = self._session(item.session)
+        s.busy, s.last, s.ended = False, last, now
+        if s.waiting:
+            planned = s.waiting.popleft()
+            self._queued -= 1
+            s.busy = True
+            heapq.heappush(
+                self._ready, (now + (planned.item.delay or 0.0), planned.item.row, planned)
+            )
 
     def _answer(self, f: Flight, seq: Sequence, now: float) -> None:
         info = f.routed.info
@@ -187,4 +256,17 @@ class Simulation:
             completion_tokens=n,
             finish_reason=f.finish,
         )
+        if f.routed.item.session is not None:
+            self._turn_over(f.routed.item, self._sim_turn(f, seq), now)
         self.on_result(f.routed.item, r, f.sent)
+
+    def _sim_turn(self, f: Flight, seq: Sequence) -> SimTurn:
+        routed, n = f.routed, seq.generated
+        messages: tuple[Mapping[str, Any], ...] = ()
+        answer = ""
+        if routed.doc is not None:  # a recorded turn: the next one continues its messages
+            messages = tuple(routed.doc.get("messages") or ())
+            answer = " ".join(f"a{f.reply[0] + i}" for i in range(n))  # a token each, unshared
+        recorded = len(routed.item.record.body.get("messages") or ()) if messages else 0
+        turn = Turn(messages, recorded, seq.prompt_tokens, n, answer)
+        return SimTurn(turn, seq.tokens, (*routed.pieces, f.reply))

@@ -25,13 +25,19 @@ from policies.prefix import BLOCK_CHARS, MAX_BLOCKS
 from replay.sources import Item, Synth
 from replay.synth import WORD_CHARS, PromptSynth
 
-# The chat template's markers: <start> user | content | <end> <nl> <start> assistant (see
-# emulator.prompt); a block's ids are a range of 2^20 from its own base, above the template's.
-_HEAD_TAIL = chat_ids([{"role": "user", "content": ""}])
-HEAD, TAIL = tuple(_HEAD_TAIL[:2]), tuple(_HEAD_TAIL[2:])
+# The chat template's markers (see emulator.prompt); a block's ids are a range of 2^20 from
+# its own base; fresh pieces (answers, new messages) count up from 2^62.
+_EMPTY = {"role": "user", "content": ""}
+_T = chat_ids([_EMPTY, {"role": "assistant", "content": ""}, _EMPTY])
+HEAD, TAIL, NEXT = tuple(_T[:2]), tuple(_T[2:6]), tuple(_T[6:10])
+"""<start> user | <end> <nl> <start> assistant | (after a reply) <end> <nl> <start> user"""
 _SPAN = 1 << 20
 _ROUTER_WORDS = max(1, round(BLOCK_CHARS / WORD_CHARS))
-_REPLY_BASE = 1 << 62
+_FRESH_BASE = 1 << 62
+
+
+Piece = tuple[int, int]
+"""A run of a prompt's words: the id of its first token (the rest follow) and its length."""
 
 
 class Prompts:
@@ -40,38 +46,49 @@ class Prompts:
     def __init__(self, salt: int) -> None:
         self.salt = salt
         self.synth = PromptSynth(salt=salt)
-        self._replies = itertools.count(_REPLY_BASE, _SPAN)
+        self._fresh = itertools.count(_FRESH_BASE, _SPAN)
 
-    def _base(self, block: int) -> int:
-        return (hash((self.salt, block)) & ((1 << 40) - 1)) * _SPAN
+    def pieces(self, item: Item, synth: Synth) -> list[Piece]:
+        """The prompt's blocks as pieces (equal blocks, equal pieces)."""
+        layout = self.synth.layout(synth, item.record.custom_id)
+        mask = (1 << 40) - 1
+        return [((hash((self.salt, block)) & mask) * _SPAN, words) for block, words in layout]
+
+    def fresh(self, words: int) -> Piece:
+        """A piece no other prompt or answer shares (an answer, a session's new message)."""
+        return next(self._fresh), words
 
     def shape(self, item: Item, synth: Synth) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-        """The engine's token ids, the router's block chain and the prefix hash of ``item``."""
-        layout = self.synth.layout(synth, item.record.custom_id)
-        ids = list(HEAD)
-        chain: list[int] = []
-        parent, piece, filled = 0, [], 0
-        shared = bool(synth.hash_ids)
-        for block, words in layout:
-            if shared:
-                base = self._base(block)
-                ids += range(base, base + words)
-            at = 0
-            while at < words and len(chain) < MAX_BLOCKS:
-                take = min(words - at, _ROUTER_WORDS - filled)
-                piece.append((block, at, take))
-                at += take
-                filled += take
-                if filled == _ROUTER_WORDS:
-                    parent = hash((parent, tuple(piece)))
-                    chain.append(parent)
-                    piece, filled = [], 0
-        ids += TAIL
-        first = layout[0][0] if layout else 0
-        tokens = tuple(ids) if shared else ()
-        return tokens, tuple(chain), zlib.crc32(f"{self.salt}:{first}".encode())
+        """The engine's token ids (none when nothing is shared), the router's block chain and
+        the prefix hash of ``item``'s synthesized prompt."""
+        pieces = self.pieces(item, synth)
+        tokens = ids(pieces) if synth.hash_ids else ()
+        first = pieces[0][0] if pieces else 0
+        return tokens, chain(pieces), zlib.crc32(f"{first}".encode())
 
-    def reply(self, tokens: int) -> tuple[int, ...]:
-        """Ids for an answer of ``tokens`` tokens that no other answer or prompt shares."""
-        base = next(self._replies)
-        return tuple(range(base, base + tokens))
+
+def ids(pieces: list[Piece]) -> tuple[int, ...]:
+    """A one-message chat prompt of ``pieces``: the template's markers around their ids."""
+    out = list(HEAD)
+    for base, words in pieces:
+        out += range(base, base + words)
+    out += TAIL
+    return tuple(out)
+
+
+def chain(pieces: list[Piece]) -> tuple[int, ...]:
+    """The router's hash chain over ``pieces`` at the synthesized text's characters a word."""
+    out: list[int] = []
+    parent, part, filled = 0, [], 0
+    for base, words in pieces:
+        at = 0
+        while at < words and len(out) < MAX_BLOCKS:
+            take = min(words - at, _ROUTER_WORDS - filled)
+            part.append((base + at, take))
+            at += take
+            filled += take
+            if filled == _ROUTER_WORDS:
+                parent = hash((parent, tuple(part)))
+                out.append(parent)
+                part, filled = [], 0
+    return tuple(out)

@@ -13,6 +13,7 @@ prompt's block layout (:mod:`replay.simulate.prompts`).
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,7 +26,8 @@ from emulator.server import request_identity
 from emulator.text import natural_length, request_rng
 from policies.types import Endpoint, RequestInfo
 from replay.client import encode_body, request_class
-from replay.simulate.prompts import Prompts
+from replay.sessions import Turn, continued, new_words, turn_tokens
+from replay.simulate.prompts import NEXT, TAIL, Piece, Prompts, chain, ids
 from replay.sources import Item
 from router.config.model import ClassificationSettings
 from router.control.classify import choose_class, classify
@@ -64,12 +66,29 @@ class Routed:
     """The class label the report files it under before the router answers."""
     tokens: tuple[int, ...] = ()
     """The prompt's token ids for the engine's prefix cache (empty: nothing is shared)."""
+    pieces: tuple[Piece, ...] = ()
+    """A synthesized prompt's pieces (for the next turn of its session)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimTurn:
+    """A session's last turn in simulate: what the live replayer would keep, plus the ids
+    and pieces of its prompt and answer."""
+
+    turn: Turn
+    tokens: tuple[int, ...]
+    pieces: tuple[Piece, ...]
 
 
 def understand(
-    item: Item, model: str, settings: ClassificationSettings, prompts: Prompts
+    item: Item,
+    model: str,
+    settings: ClassificationSettings,
+    prompts: Prompts,
+    prev: SimTurn | None = None,
 ) -> Routed:
-    """What the router's classifier makes of ``item``; raises :class:`Refused` (400/404)."""
+    """What the router's classifier makes of ``item`` (the next turn after ``prev``, if
+    given: see :mod:`replay.sessions`); raises :class:`Refused` (400/404)."""
     rec = item.record
     endpoint = ENDPOINTS.get(rec.url)
     if endpoint is None:
@@ -78,9 +97,13 @@ def understand(
     session = rec.headers.get("x-session-id")
     synth = item.synth
     if synth is None:
+        body = rec.body
+        messages = continued(item, prev.turn) if prev is not None else None
+        if messages is not None:
+            body = {**body, "messages": messages}
         try:
             parsed = classify(
-                encode_body(rec.body),
+                encode_body(body),
                 endpoint,
                 request_id=rec.custom_id,
                 header_class=header,
@@ -94,24 +117,35 @@ def understand(
         return Routed(item, parsed.info, parsed.doc, request_class(rec), tokens)
     body = rec.body
     budget = body.get("max_completion_tokens", body.get("max_tokens"))
-    tokens, blocks, prefix_hash = prompts.shape(item, synth)
+    if prev is None:
+        pieces = tuple(prompts.pieces(item, synth))
+        tokens = ids(list(pieces)) if synth.hash_ids else ()
+        size = synth.prompt_tokens
+    else:  # history, answer, new message (replay.sessions)
+        new = prompts.fresh(new_words(synth, prev.turn))
+        pieces = (*prev.pieces, new)
+        tokens = (
+            (*prev.tokens, *NEXT, *range(new[0], new[0] + new[1]), *TAIL) if prev.tokens else ()
+        )
+        size = turn_tokens(synth, prev.turn)
+    prefix_hash = zlib.crc32(str(pieces[0][0] if pieces else 0).encode())
     info = RequestInfo(
         request_id=rec.custom_id,
         endpoint=endpoint,
         model=str(body.get("model") or model),
         request_class="interactive",
         stream=bool(body.get("stream", False)),
-        prompt_tokens=synth.prompt_tokens,
+        prompt_tokens=size,
         max_tokens=budget if isinstance(budget, int) else None,
         session_key=session,
         prefix_hash=prefix_hash,
-        prefix_blocks=blocks,
+        prefix_blocks=chain(list(pieces)),
     )
     try:
         cls = choose_class(info, body, header, None, settings)
     except RouterError as e:
         raise Refused(e.status, e.message) from None
-    return Routed(item, replace(info, request_class=cls), None, request_class(rec), tokens)
+    return Routed(item, replace(info, request_class=cls), None, request_class(rec), tokens, pieces)
 
 
 def engine_sequence(
@@ -122,8 +156,9 @@ def engine_sequence(
     capacity: int,
     priority: int | None,
     prompts: Prompts,
-) -> tuple[Sequence, str]:
-    """The sequence the emulator would schedule for ``routed`` and its finish reason.
+) -> tuple[Sequence, str, Piece]:
+    """The sequence the emulator would schedule for ``routed``, its finish reason and the
+    piece its answer makes in a session's next prompt.
 
     Validation, the output length (forced, or the emulator's natural length seeded by the
     request) and the KV-capacity check are the emulator server's; raises :class:`Refused`.
@@ -158,7 +193,8 @@ def engine_sequence(
     length = max(min(length, cap), gen.min_tokens, 1)
     if gen.prompt_tokens + length > capacity:
         raise Refused(400, f"needs {gen.prompt_tokens + length} tokens of KV cache")
-    tokens = (*routed.tokens, *prompts.reply(length)) if routed.tokens else ()
+    reply = prompts.fresh(length)
+    tokens = (*routed.tokens, *range(reply[0], reply[0] + length)) if routed.tokens else ()
     seq = Sequence(
         gen.prompt_tokens,
         length,
@@ -166,4 +202,4 @@ def engine_sequence(
         rng=random.Random(rng.getrandbits(64)),
         tokens=tokens,
     )
-    return seq, "length" if length >= cap else "stop"
+    return seq, "length" if length >= cap else "stop", reply

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.tokens import count_chat
-from replay.sources import Synth
-from replay.synth import BLOCK_TOKENS, Calibration, PromptSynth, calibrate
+from replay.sources import BLOCK_TOKENS, Synth
+from replay.synth import Calibration, PromptSynth, calibrate
 
 
 @settings(max_examples=60, deadline=None)
