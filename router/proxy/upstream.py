@@ -359,16 +359,20 @@ async def _attempt(
     request = request_head(origin, path, headers, len(target.body))
     first_byte = timeouts.first_byte if req.stream else None
     lease = backend.lease(req)
+    opening = connections.request(
+        origin,
+        request,
+        target.body,
+        connect_timeout=timeouts.connect,
+        deadline=timeouts.deadline(req.stream),
+        tls=backend.tls,
+    )
     try:
-        async with asyncio.timeout(first_byte):
-            conn, head = await connections.request(
-                origin,
-                request,
-                target.body,
-                connect_timeout=timeouts.connect,
-                deadline=timeouts.deadline(req.stream),
-                tls=backend.tls,
-            )
+        if first_byte is None:  # bounded by the deadline alone: no second timer to arm
+            conn, head = await opening
+        else:
+            async with asyncio.timeout(first_byte):
+                conn, head = await opening
     except (TimeoutError, UpstreamError) as exc:
         lease.release()
         lease.failed()

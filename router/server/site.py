@@ -75,6 +75,8 @@ async def read_body(request: web.Request, limit: int, limits: LimitSettings) -> 
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     try:
+        if request.content.is_eof():  # it came with the head: nothing to wait for, no timer
+            return await request.read()
         async with asyncio.timeout(limits.body_seconds):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:
