@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -145,6 +145,29 @@ def prompt_tokens(doc: Mapping[str, Any], endpoint: Endpoint) -> int:
     return total
 
 
+class Facts(Protocol):
+    """What the classification rules look at (a :class:`RequestInfo` has it all)."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+
+
+class RuleFacts(NamedTuple):
+    """:class:`Facts` of a request being classified: its info is then built once, with its
+    class, from the same figures."""
+
+    endpoint: Endpoint
+    stream: bool
+    max_tokens: int | None
+    prompt_tokens: int
+
+
 def classify(
     body: bytes,
     endpoint: Endpoint,
@@ -166,11 +189,12 @@ def classify(
         max_tokens = doc.get("max_output_tokens")  # the Responses API's name
     tokens = prompt_tokens(doc, endpoint)
     text = prompt_text(doc, endpoint)
+    facts = RuleFacts(endpoint, stream, max_tokens, tokens)
     info = RequestInfo(
         request_id=request_id,
         endpoint=endpoint,
         model=doc["model"],
-        request_class="interactive",
+        request_class=choose_class(facts, doc, header_class, key_class, settings),
         stream=stream,
         prompt_tokens=tokens,
         max_tokens=max_tokens,
@@ -179,23 +203,18 @@ def classify(
         prefix_blocks=prompt_blocks(text),
         choices=doc.get("n") or 1,
     )
-    cls = choose_class(info, doc, header_class, key_class, settings)
     opts = doc.get("stream_options") or {}
-    return Parsed(
-        info=replace(info, request_class=cls),
-        doc=doc,
-        include_usage=bool(opts.get("include_usage")),
-    )
+    return Parsed(info=info, doc=doc, include_usage=bool(opts.get("include_usage")))
 
 
 def choose_class(
-    info: RequestInfo,
+    info: Facts,
     doc: Mapping[str, Any],
     header_class: str | None,
     key_class: RequestClass | None,
     settings: ClassificationSettings,
 ) -> RequestClass:
-    """The class of ``info``: header, API key, ``service_tier``, rules, then the default."""
+    """The class of a request: header, API key, ``service_tier``, rules, then the default."""
     if header_class is not None and settings.honor_header:
         value = header_class.strip().lower()
         for c in REQUEST_CLASSES:
@@ -213,7 +232,7 @@ def choose_class(
     return settings.default
 
 
-def matches(rule: Rule, info: RequestInfo) -> bool:
+def matches(rule: Rule, info: Facts) -> bool:
     """Whether every condition the rule states holds for the request."""
     if rule.endpoint is not None and rule.endpoint != info.endpoint:
         return False
