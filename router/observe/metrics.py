@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -65,6 +66,26 @@ _LATE_REJECTIONS = (
     ("auth", 403), ("quota", 429), ("overloaded", 429), ("unknown_model", 404),
     ("no_backend", 503), ("internal", 500), ("client_closed", 499),
 )  # fmt: skip
+
+
+_M = TypeVar("_M", Counter, Histogram)
+
+
+class _Series(Generic[_M]):
+    """A metric's children by label values, each resolved by ``labels()`` once: that call
+    takes a lock and builds its key every time, and some series are hit on every request."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: _M) -> None:
+        self._metric: _M = metric
+        self._children: dict[tuple[str, ...], _M] = {}
+
+    def __call__(self, *values: str) -> _M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +254,10 @@ class Metrics:
         for reason in CAPTURE_DROP_REASONS:
             self._dropped.labels(reason)
         self._degraded.labels("unencodable")
+        # The series hit on every request, their children resolved once.
+        self._requests_by = _Series(self._requests)
+        self._decision_by = _Series(self._decision)
+        self._slo_by = {True: _Series(self._slo_met), False: _Series(self._slo_missed)}
 
     def policy_known(self, policy: str) -> None:
         """Export ``policy``'s series of the router's own rejections at 0 (Prometheus' advice
@@ -272,7 +297,7 @@ class Metrics:
                 prompt=self._prompt.labels(*labels),
                 output=self._output.labels(*labels),
             )
-        self._requests.labels(*labels, str(code), reason).inc()
+        self._requests_by(*labels, str(code), reason).inc()
         if ttft is not None:
             children.ttft.observe(ttft)
         if tpot is not None:
@@ -302,7 +327,7 @@ class Metrics:
         self._failovers.labels(policy, backend).inc()
 
     def decision(self, policy: str, seconds: float) -> None:
-        self._decision.labels(policy).observe(seconds)
+        self._decision_by(policy).observe(seconds)
 
     def plugin_timer(self, policy: str, kind: str, plugin: str) -> Callable[[float], None]:
         """Observes one plugin's run time (``kind``: filter, scorer or picker)."""
@@ -326,7 +351,7 @@ class Metrics:
 
     def slo(self, policy: str, request_class: str, met: bool) -> None:
         """Count one request against its class's SLO."""
-        (self._slo_met if met else self._slo_missed).labels(policy, request_class).inc()
+        self._slo_by[met](policy, request_class).inc()
 
     def shadow_done(
         self,
