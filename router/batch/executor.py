@@ -42,11 +42,24 @@ TICK = 0.5
 RETRY_PAUSE = 1.0
 """Seconds before a line turned away is taken again (doubling per try, at most 30 s)."""
 _RETRY_ALWAYS = frozenset({429, 503})
+_INTERNAL = "The router failed to run this line."
+_EXPIRED = "This line was not run before the batch's completion window ended."
+MAX_ID_HEADER = 256
 log = logging.getLogger("router")
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
+
+
+def request_id(batch_id: str, line: Line) -> str:
+    """The line's ``X-Request-Id`` (so its capture line's ``custom_id``): the custom_id, when
+    it can be a header value (printable ASCII, at most :data:`MAX_ID_HEADER` characters);
+    else ``<batch id>-<line index>``."""
+    cid = line.custom_id
+    if len(cid) <= MAX_ID_HEADER and cid.isascii() and cid.isprintable():
+        return cid
+    return f"{batch_id}-{line.idx}"
 
 
 class Executor:
@@ -74,7 +87,10 @@ class Executor:
 
     def start(self) -> None:
         # No total timeout: the router's own per-class timeouts bound each line.
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        # limit=0: the pacing window bounds the connections, not aiohttp's default of 100.
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None), connector=aiohttp.TCPConnector(limit=0)
+        )
         self._loop_task = asyncio.create_task(self._loop(), name="batch-executor")
 
     def wake(self) -> None:
@@ -162,8 +178,12 @@ class Executor:
                 self._metrics.line(batch.id, done.ok, done.prompt_tokens, done.completion_tokens)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception:  # answered as failed, else the same bug would take it again forever
             log.exception("batch %s line %d failed inside the router", batch.id, line.idx)
+            failed = Finished(False, _error_line(line.custom_id, "internal", _INTERNAL))
+            with contextlib.suppress(Exception):
+                if await self._store.finish_line(line, self.worker, failed, time.time()):
+                    self._metrics.line(batch.id, False, 0, 0)
         finally:
             self._running.pop((line.batch_id, line.idx), None)
             self._wake.set()
@@ -184,7 +204,7 @@ class Executor:
             OWNER_HEADER: batch.owner,
             "Content-Type": "application/json",
             "X-Request-Class": "batch",
-            "X-Request-Id": line.custom_id,
+            "X-Request-Id": request_id(batch.id, line),
             "X-Switchyard-Batch": batch.id,
         }
         try:
@@ -212,7 +232,7 @@ class Executor:
                 (output if r.state == "done" else errors).append(r.result)
             elif status == "expired":
                 expired += 1
-                errors.append(_expired_line(r.custom_id))
+                errors.append(_error_line(r.custom_id, "batch_expired", _EXPIRED))
         if expired:
             self._metrics.expired(batch.id, expired)
         files: list[tuple[FileRow, bytes]] = []
@@ -250,9 +270,9 @@ def _finished(line: Line, status: int, request_id: str | None, body: bytes) -> F
         doc = body.decode("utf-8", "replace")
     usage = doc.get("usage") if isinstance(doc, dict) else None
     prompt = completion = 0
-    if isinstance(usage, dict):
-        prompt = _count(usage.get("prompt_tokens"))
-        completion = _count(usage.get("completion_tokens"))
+    if isinstance(usage, dict):  # /v1/responses says input_tokens and output_tokens
+        prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+        completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
     response = {"status_code": status, "request_id": request_id, "body": doc}
     out = {
         "id": new_id("batch_req_"),
@@ -267,11 +287,9 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _expired_line(custom_id: str) -> bytes:
-    error = {
-        "code": "batch_expired",
-        "message": "This line was not run before the batch's completion window ended.",
-    }
+def _error_line(custom_id: str, code: str, message: str) -> bytes:
+    """An error-file line for a line without an answer."""
+    error = {"code": code, "message": message}
     return orjson.dumps(
         {"id": new_id("batch_req_"), "custom_id": custom_id, "response": None, "error": error}
     )

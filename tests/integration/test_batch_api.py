@@ -237,3 +237,23 @@ def _form(fields: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         head = f'--B\r\nContent-Disposition: form-data; name="{name}"{extra}\r\n\r\n'
         body += f"{head}{value}\r\n".encode()
     return body + b"--B--\r\n", {"Content-Type": "multipart/form-data; boundary=B"}
+
+
+def test_responses_lines_and_custom_ids_that_cannot_be_headers(client: openai.OpenAI) -> None:
+    odd = ["two\nlines", "ünïcode", "x" * 300]
+    rows = [
+        {"custom_id": cid, "method": "POST", "url": "/v1/responses",
+         "body": {"model": MODEL, "input": "hello", "max_output_tokens": 4}}
+        for cid in odd
+    ]  # fmt: skip
+    done = wait(client, submit(client, rows, "/v1/responses").id)
+    assert done.status == "completed", done
+    out = lines_of(client, done.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == sorted(odd)
+    for x in out:  # the request id is the batch's own where the custom_id cannot be a header
+        assert x["response"]["request_id"].startswith(done.id + "-")
+        assert x["response"]["body"]["usage"]["output_tokens"] >= 1
+    usage = done.model_dump()["usage"]
+    assert usage["output_tokens"] == sum(
+        x["response"]["body"]["usage"]["output_tokens"] for x in out
+    )
