@@ -62,12 +62,13 @@ def fidelity(a: argparse.Namespace) -> None:
     argv = [sys.executable, "-m", "router", "serve", "--port", "0"]
     if a.config:
         argv += ["--config", a.config]
-    print(f"live replay of {a.trace} [{a.window}] through the router...", flush=True)
-    proc, url = spawn_ready(argv, "router listening on", 120)
-    try:
-        _replay(*common, "--target", url, "--out", str(live), "--no-progress")
-    finally:
-        stop_all([proc], 30)
+    if not (a.reuse_live and live.exists()):
+        print(f"live replay of {a.trace} [{a.window}] through the router...", flush=True)
+        proc, url = spawn_ready(argv, "router listening on", 120)
+        try:
+            _replay(*common, "--target", url, "--out", str(live), "--no-progress")
+        finally:
+            stop_all([proc], 30)
     print("simulating the same slice...", flush=True)
     _replay("simulate", *common, *(["--config", a.config] if a.config else []), "--out", str(sim))
     lv, sv = _runs(live), _runs(sim)
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", action="append", dest="policies")
     p.add_argument("--config", help="router config (default: the embedded default)")
     p.add_argument("--out-dir", type=Path, default=Path("out/fidelity"))
+    p.add_argument(
+        "--reuse-live", action="store_true", help="keep OUT_DIR/live.json from an earlier run"
+    )
     a = p.parse_args(argv)
     a.policies = a.policies or ["class-split", "adaptive"]
     (fidelity if a.what == "fidelity" else speed)(a)
