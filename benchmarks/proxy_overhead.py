@@ -42,6 +42,12 @@ _GAP = re.compile(rb"x-bench-gap-ms:\s*([0-9.]+)", re.IGNORECASE)
 _CHUNKS = re.compile(rb"x-bench-chunks:\s*(\d+)", re.IGNORECASE)
 _EVENT = b'data: {"choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
 _USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":%d}}\n\n'
+# A non-streamed request's answer: one message, with its usage.
+_ANSWER = (
+    b'{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
+    b'"content":" tok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":8,'
+    b'"completion_tokens":%d}}'
+)
 
 
 def _chunk(data: bytes) -> bytes:
@@ -72,7 +78,14 @@ class _Upstream(asyncio.Protocol):
         body = self._buf[end + 4 : end + 4 + length]
         self._buf = self._buf[end + 4 + length :]
         path = head.split(b" ", 2)[1]
-        if path.startswith(b"/v1/chat"):
+        if path.startswith(b"/v1/chat") and b'"stream":false' in body:
+            tokens = _CHUNKS.search(head)
+            doc = _ANSWER % (int(tokens.group(1)) if tokens else 1)
+            self._write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(doc), doc)
+            )
+        elif path.startswith(b"/v1/chat"):
             gap = _GAP.search(head)
             chunks = _CHUNKS.search(head)
             asyncio.get_running_loop().create_task(
@@ -129,11 +142,19 @@ class RunResult:
 
 
 async def _load(
-    url: str, concurrency: int, streams: int, chunks: int, gap_ms: float, burst: bool = False
+    url: str,
+    concurrency: int,
+    streams: int,
+    chunks: int,
+    gap_ms: float,
+    burst: bool = False,
+    stream: bool = True,
 ) -> RunResult:
+    """``streams`` requests, ``concurrency`` at a time; ``stream=False``: each answered by
+    one JSON body (counted as one chunk)."""
     body = (
-        b'{"model":"bench","messages":[{"role":"user","content":"hello"}],"stream":true,'
-        b'"max_tokens":%d}' % chunks
+        b'{"model":"bench","messages":[{"role":"user","content":"hello"}],"stream":%s,'
+        b'"max_tokens":%d}' % (b"true" if stream else b"false", chunks)
     )
     headers = {
         "Content-Type": "application/json",
@@ -161,7 +182,8 @@ async def _load(
                     async for data in resp.content.iter_any():
                         if first is None:
                             first = time.perf_counter()
-                        total += data.count(b"data:")
+                        total += data.count(b"data:") if stream else 0
+                total += 0 if stream else 1
                 end = time.perf_counter()
                 ttft.append((first or end) - t0)
                 e2e.append(end - t0)
@@ -257,6 +279,28 @@ def _print_targets(medians: dict[tuple[str, int], Row]) -> None:
         print(f"  [{'met' if best >= 20000 else 'MISSED'}] unpaced chunks/s {best:.0f} >= 20000")
 
 
+def _versus(upstream: str, router: str, pid: int, rounds: int, pin: bool) -> None:
+    """The side-by-side with vllm-router (imported here: that module builds on this one)."""
+    from benchmarks import proxy_versus as vs
+
+    proxies = [vs.Proxy("switchyard", router, pid)]
+    rust, found = vs.start_vllm_router(upstream)  # its URL, or why it cannot run
+    try:
+        if rust is not None:
+            proxies.append(vs.Proxy("vllm-router", found, rust.pid))
+            if pin:
+                os.sched_setaffinity(rust.pid, {0})
+        print(
+            f"{vs.STREAMS} closed-loop streams paced {vs.GAP_MS:g} ms, {vs.LENGTHS} chunks, then"
+            f" non-streamed one-chunk answers; median of {rounds} rounds, {os.cpu_count()} CPUs"
+        )
+        vs.report(vs.measure(upstream, proxies, rounds, 4000), None if rust else found)
+    finally:
+        if rust is not None:
+            rust.terminate()
+            rust.wait(10)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--chunks", type=int, default=64, help="events per stream")
@@ -283,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         "--chunks 1, the CPU figure is then per 1,000 requests, so the two runs side by side\n"
         "give the access line's cost per request",
     )
+    ap.add_argument(
+        "--versus",
+        action="store_true",
+        help="instead: Switchyard and vllm-router side by side (benchmarks/proxy_versus.py)",
+    )
     ap.add_argument("--upstream-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.upstream_server:
@@ -301,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(up_proc.pid, {1})
             os.sched_setaffinity(0, {1})
         try:
+            if args.versus:
+                _versus(upstream, router, r_proc.pid, args.rounds, args.pin)
+                return 0
             print(
                 f"{args.chunks} chunks per stream, {args.streams} streams per run, median of "
                 f"{args.rounds} rounds, 1 router worker, {os.cpu_count()} CPUs"
