@@ -263,7 +263,8 @@ class StreamMeter:
         self.body_bytes = 0
         """The size of a non-streamed body (:meth:`feed_body`)."""
         self.body_tokens: int | None = None
-        """The tokens of a non-streamed body's generated text, counted by the router."""
+        """The tokens of a non-streamed body's generated text, counted by the router: only
+        when the body reports no completion tokens of its own (a settlement's estimate)."""
         self.itl_sum = 0.0
         self.itls: list[float] | None = [] if keep_itl else None
         self.prompt_tokens: int | None = None
@@ -604,7 +605,7 @@ class StreamMeter:
         if doc.get("object") == "response":
             self._response(doc)
             output = doc.get("output")
-            if isinstance(output, list):
+            if isinstance(output, list) and self.completion_tokens is None:
                 self.body_tokens = sum(_output_tokens(o) for o in output if isinstance(o, dict))
             self.content_events = 1
             return
@@ -617,7 +618,8 @@ class StreamMeter:
         choices = doc.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             self._finish(choices[0].get("finish_reason"))
-            self.body_tokens = sum(_generated_tokens(c) for c in choices if isinstance(c, dict))
+            if self.completion_tokens is None:
+                self.body_tokens = sum(_generated_tokens(c) for c in choices if isinstance(c, dict))
         self.content_events = 1
 
     def figures(self, end: float | None = None) -> StreamFigures:

@@ -107,6 +107,10 @@ def test_a_whole_response_body_is_metered() -> None:
     meter.feed_body(orjson.dumps(body), 2.0)
     fig = meter.figures()
     assert (fig.prompt_tokens, fig.completion_tokens, fig.finish_reason) == (5, 4, "stop")
+    assert meter.body_tokens is None  # the body's own usage: the router counts nothing
+    del body["usage"]
+    meter = StreamMeter(0.0)
+    meter.feed_body(orjson.dumps(body), 2.0)
     assert meter.body_tokens == 4
 
 
