@@ -13,7 +13,10 @@ from pathlib import Path
 
 from tests.procs import ROOT
 
-REQUESTS = 3  # the client example adds one request that names its policy in headers
+# The client example adds one request that names its policy in headers, and one streamed
+# to the Responses API.
+REQUESTS = 3
+EXTRA = 2
 POLICIES = ["round-robin", "class-split", "adaptive"]
 
 
@@ -58,8 +61,9 @@ def test_capture_replay_walkthrough(tmp_path: Path) -> None:
     res = run_walkthrough(tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     captured = (tmp_path / "capture.jsonl").read_text(encoding="utf-8").splitlines()
-    assert len(captured) == REQUESTS + 1
+    assert len(captured) == REQUESTS + EXTRA
     lines = [json.loads(line) for line in captured]
+    assert [line["url"] for line in lines].count("/v1/responses") == 1
     assert {line["route"]["class"] for line in lines} == {"interactive", "batch"}
     assert all(line["resp"]["status"] == 200 for line in lines)
     report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
