@@ -14,7 +14,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Postgres:
+    """A running server: its URL, and a restart that drops every connection to it."""
+
+    url: str
+    restart: Callable[[], None]
+
+
 @contextlib.contextmanager
-def start_postgres() -> Iterator[str]:
-    """A running server for the block; yields its ``postgresql://`` URL."""
+def start_postgres() -> Iterator[Postgres]:
+    """A running server for the block."""
     initdb, pg_ctl = pg_binary("initdb"), pg_binary("pg_ctl")
     if initdb is None or pg_ctl is None:
         pytest.skip(
@@ -60,8 +69,14 @@ def start_postgres() -> Iterator[str]:
         run(initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         options = f"-h 127.0.0.1 -p {port} -k {data} -F"
         run(pg_ctl, "-D", str(data), "-o", options, "-l", str(data / "log"), "-w", "start")
+
+        def restart() -> None:
+            # -l again: else the new server writes to pg_ctl's pipes and keeps them open.
+            log = str(data / "log")
+            run(pg_ctl, "-D", str(data), "-l", log, "-m", "immediate", "-w", "restart")
+
         try:
-            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+            yield Postgres(f"postgresql://postgres@127.0.0.1:{port}/postgres", restart)
         finally:
             run(pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop")
     finally:

@@ -39,6 +39,8 @@ from router.config.model import BatchSettings
 
 TICK = 0.5
 """Seconds between two looks at the store when nothing happens."""
+MAX_PAUSE = 30.0
+"""Seconds between two turns at most while the store keeps failing."""
 RETRY_PAUSE = 1.0
 """Seconds before a line turned away is taken again (doubling per try, at most 30 s)."""
 _RETRY_ALWAYS = frozenset({429, 503})
@@ -114,19 +116,25 @@ class Executor:
 
     async def _loop(self) -> None:
         renewed = time.monotonic()
+        failures = 0
         while True:
+            pause = TICK
             try:
                 await self._turn()
                 if self._running and time.monotonic() - renewed > self._settings.lease_seconds / 3:
                     renewed = time.monotonic()
                     await self._store.renew(self.worker, time.time() + self._settings.lease_seconds)
+                failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a database hiccup: try again next turn
-                log.exception("batch executor turn failed")
+            except Exception:  # the store is away: back off, and say so once per doubling
+                failures += 1
+                pause = min(MAX_PAUSE, TICK * 2**failures)
+                if failures & (failures - 1) == 0:
+                    log.exception("batch executor turn failed (%d in a row)", failures)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK)
+                await asyncio.wait_for(self._wake.wait(), pause)
 
     async def _turn(self) -> None:
         now = time.time()

@@ -85,6 +85,10 @@ class SqlStore:
     def _tx(self) -> Iterator[Any]:
         """A write transaction and its cursor; committed on success, else rolled back."""
         conn = self._conn
+        if self._pg and (conn.closed or conn.broken):
+            # The server restarted or the network dropped: the call that found out failed,
+            # this one reconnects (an unfinished line's lease simply runs out).
+            conn = self._conn = _pg_connect(self._url)
         if self._pg:
             with conn.transaction(), conn.cursor() as cur:
                 yield cur
@@ -111,9 +115,7 @@ class SqlStore:
     async def open(self) -> None:
         def connect() -> None:
             if self._pg:
-                import psycopg  # only a PostgreSQL store needs the driver
-
-                self._conn = psycopg.connect(self._url, autocommit=True)
+                self._conn = _pg_connect(self._url)
                 blob = "BYTEA"
             else:
                 path = Path(self._url.removeprefix("sqlite:///"))
@@ -386,6 +388,12 @@ class SqlStore:
                     )
 
         await self._run(finish)
+
+
+def _pg_connect(url: str) -> Any:
+    import psycopg  # only a PostgreSQL store needs the driver
+
+    return psycopg.connect(url, autocommit=True)
 
 
 def _batch_row(r: tuple[Any, ...]) -> BatchRow:

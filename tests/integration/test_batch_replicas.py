@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.batchkit import answered_once, chat_line, submit
-from tests.pg import start_postgres
+from tests.pg import Postgres, start_postgres
 from tests.procs import start_emulator
 from tests.router.harness import base_config, get, start_router, write_config
 
@@ -23,9 +23,9 @@ WINDOW = 6
 
 
 @pytest.fixture
-def postgres() -> Iterator[str]:
-    with start_postgres() as url:
-        yield url
+def postgres() -> Iterator[Postgres]:
+    with start_postgres() as server:
+        yield server
 
 
 def lines_run(router_url: str) -> int:
@@ -36,13 +36,13 @@ def lines_run(router_url: str) -> int:
     return sum(int(float(x)) for x in found)
 
 
-def test_two_replicas_one_killed(postgres: str, tmp_path: Path) -> None:
+def test_two_replicas_one_killed(postgres: Postgres, tmp_path: Path) -> None:
     with (
         start_emulator("vllm", time_scale=50) as vllm,
         start_emulator("deepinfer", time_scale=50) as deepinfer,
     ):
         doc = base_config([("vllm", "vllm", vllm.url), ("deepinfer", "deepinfer", deepinfer.url)])
-        doc["batch"] = {"store": postgres, "max_concurrency": WINDOW, "lease_seconds": 1.0}
+        doc["batch"] = {"store": postgres.url, "max_concurrency": WINDOW, "lease_seconds": 1.0}
         config = write_config(tmp_path, doc)
         rows = [chat_line(f"p{i}", max_tokens=150, ignore_eos=True) for i in range(LINES)]
         with start_router(config) as a, start_router(config) as b:

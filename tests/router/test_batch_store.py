@@ -15,23 +15,23 @@ import pytest
 
 from router.batch.sql import SqlStore
 from router.batch.store import BatchRow, Finished, NewLine
-from tests.pg import start_postgres
+from tests.pg import Postgres, start_postgres
 
 T0 = 1_000_000.0
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[str]:
-    with start_postgres() as url:
-        yield url
+def postgres() -> Iterator[Postgres]:
+    with start_postgres() as server:
+        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'batch.db'}"
-    base: str = request.getfixturevalue("postgres")
-    return base
+    server: Postgres = request.getfixturevalue("postgres")
+    return server.url
 
 
 @pytest.fixture
@@ -123,3 +123,16 @@ async def test_racing_workers_take_every_line_once(stores: tuple[SqlStore, SqlSt
     assert not set(got_a) & set(got_b)
     row = await a.batch(None, batch)
     assert row is not None and row.completed == 300
+
+
+async def test_a_restarted_postgresql_server_costs_one_call(postgres: Postgres) -> None:
+    store = SqlStore(postgres.url)
+    await store.open()
+    try:
+        batch = await new_batch(store, 3)
+        await asyncio.to_thread(postgres.restart)
+        with pytest.raises(Exception, match=r"(?i)terminat|connection|closed"):
+            await store.claim(batch, "A", 1, T0, T0 + 10)
+        assert [x.idx for x in await store.claim(batch, "A", 3, T0, T0 + 10)] == [0, 1, 2]
+    finally:
+        await store.close()
