@@ -23,7 +23,7 @@ from router.control.classify import parse_object
 from router.proxy.body import upstream_body
 from router.proxy.relay import failed_answer, relay
 from router.proxy.state import RouterState
-from router.proxy.upstream import Target, UpstreamFailed, open_upstream
+from router.proxy.upstream import Target, UpstreamFailed, UpstreamFault, open_upstream
 from router.server.errors import RouterError, error_response
 from router.server.ids import new_request_id
 from router.server.site import read_body
@@ -71,11 +71,15 @@ async def forward(
             idle=None,
             max_body=state.config.limits.max_upstream_body_bytes,
         )
-    except RouterError as exc:  # UpstreamFault: the answer must not reach the client as sent
+    except UpstreamFault as exc:  # the answer must not reach the client as sent
+        if exc.failed:
+            opened.lease.failed()  # an oversized or broken answer counts toward ejection
         return error_response(exc, extra)
     finally:
         state.connections.release(opened.conn)
         opened.lease.release()
+    if relayed.backend_fault:
+        opened.lease.failed()
     return relayed.response
 
 
