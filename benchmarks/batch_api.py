@@ -225,13 +225,17 @@ def report(phases: Sequence[Phase], slo_ttft: float) -> None:
     print(f"\n{'phase':<24} {'lines':>6} {'answered':>8} {'model s':>8} {'lines/s':>8} "
           f"{'out tok/s':>10} {'peak':>5} {'mean':>6} {'inter n':>8} {'P50 TTFT':>9} "
           f"{'P95 TTFT':>9}")  # fmt: skip
+    verdicts = []
     for p in phases:
         ttfts = [r.ttft for r in p.interactive if r.ok and r.ttft is not None]
+        p95 = percentile(ttfts, 0.95)
+        verdicts.append(f"{p.name}: {'within' if p95 <= slo_ttft else 'OVER'}")
         print(f"{p.name:<24} {p.lines:>6} {p.answered:>8} {p.seconds:>8.1f} "
               f"{p.answered / p.seconds:>8.2f} {p.output_tokens / p.seconds:>10.0f} {p.peak:>5} "
               f"{p.mean_inflight:>6.1f} {len(p.interactive):>8} {percentile(ttfts, 0.5):>9.3f} "
-              f"{percentile(ttfts, 0.95):>9.3f}")  # fmt: skip
+              f"{p95:>9.3f}")  # fmt: skip
     print(f"(interactive TTFT SLO: {slo_ttft:g} s; peak/mean: lines in flight)")
+    print("interactive P95 TTFT against the SLO: " + "; ".join(verdicts))
 
 
 def main(argv: list[str] | None = None) -> int:
