@@ -20,6 +20,7 @@ from policies.types import REQUEST_CLASSES, Endpoint
 from router.backends.fleet import Fleet, Resolver, resolve_dns
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
+from router.backends.shared import WorkerRow
 from router.batch.service import BatchService
 from router.config.model import ConfigError, RouterConfig
 from router.control.admission import Admission
@@ -76,14 +77,22 @@ def build_app(
     metrics: Metrics | None = None,
     config_path: Path | None = None,
     resolver: Resolver = resolve_dns,
+    shared: WorkerRow | None = None,
 ) -> web.Application:
     """The router app for ``config`` (backend URLs must be resolved already).
 
     With ``config_path``, ``POST /switchyard/reload`` (and :data:`RELOADER`) reload from it.
     ``resolver`` looks up discovered backends' names (a test may give its own).
+    ``shared``: this worker's row of the backend load its router's workers share.
     """
     metrics = metrics if metrics is not None else Metrics()
-    pool = Pool(config.backends, config.aliases, config.health, on_panic=metrics.panic_routing)
+    pool = Pool(
+        config.backends,
+        config.aliases,
+        config.health,
+        on_panic=metrics.panic_routing,
+        shared=shared,
+    )
     policies = build_policies(config, metrics)
     state = RouterState(
         config=config,

@@ -6,7 +6,8 @@
 ``serve`` without ``--config`` uses the embedded default (config/router.yaml), which starts
 two emulated engines as child processes. Once listening it prints
 ``router listening on http://HOST:PORT`` and flushes. With ``--workers N`` N processes
-share the port through SO_REUSEPORT (each has its own metrics and in-flight counts).
+share the port through SO_REUSEPORT; they share their backend load, and any one's /metrics
+shows them all.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import asyncio
 import gc
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 from typing import NoReturn
@@ -28,13 +31,16 @@ from typing import NoReturn
 import uvloop
 
 from router.app import RELOADER, STATE, build_app, build_policies, listen_socket, serve
+from router.backends.shared import SharedLoad
 from router.config.model import ConfigError, ListenSettings, RouterConfig
 from router.config.parse import read_config
 from router.control.auth import Gate, exposure_warning
+from router.observe.metrics import Metrics, share_between_workers
 from router.server.children import Children
 
 log = logging.getLogger("router")
 READY = "router listening on "
+REFRESH_SECONDS = 1.0
 
 
 def default_config_path() -> Path:
@@ -170,13 +176,23 @@ def _announce(url: str) -> None:
 
 
 async def _worker(
-    config: RouterConfig, sock: socket.socket, ready: Callable[[str], None], path: Path
+    config: RouterConfig,
+    sock: socket.socket,
+    ready: Callable[[str], None],
+    path: Path,
+    sharing: Sharing | None = None,
+    index: int = 0,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then drain and shut down; SIGHUP reloads ``path``.
 
-    ``ready(url)`` once listening.
+    ``ready(url)`` once listening. ``sharing``: worker ``index`` of several.
     """
-    app = build_app(config, config_path=path)
+    if sharing is None:
+        app = build_app(config, config_path=path)
+    else:
+        metrics = Metrics(workers_dir=sharing.metrics_dir)
+        app = build_app(config, metrics=metrics, config_path=path, shared=sharing.load.row(index))
+        refresher = asyncio.create_task(_refresh(metrics))
     served = await serve(app, sock)
     # Everything built so far lives as long as the process: keep it out of the collector's
     # scans, so collections triggered on the hot path stay short.
@@ -196,10 +212,43 @@ async def _worker(
         log.info("draining %d open requests for up to %g s", drain.open, seconds)
         if cut := await drain.run(served.runner, seconds):
             log.info("cut %d requests at the drain deadline", cut)
+        if sharing is not None:
+            refresher.cancel()
+
+
+async def _refresh(metrics: Metrics) -> None:
+    """Keep this worker's live gauges fresh for the scrapes its siblings answer."""
+    while True:
+        metrics.refresh()
+        await asyncio.sleep(REFRESH_SECONDS)
 
 
 def _supervise(config: RouterConfig, first: socket.socket, workers: int, path: Path) -> int:
-    """Fork ``workers`` processes on one SO_REUSEPORT port; pass SIGHUP on; stop on a signal."""
+    """Fork ``workers`` processes on one SO_REUSEPORT port; pass SIGHUP on; stop on a signal.
+
+    Before forking it maps the backend load the workers share and points every worker's
+    metrics at one fresh directory, so that any worker's /metrics shows all of them.
+    """
+    shared = SharedLoad(workers)
+    metrics_dir = Path(tempfile.mkdtemp(prefix="switchyard-metrics-"))
+    share_between_workers(metrics_dir)
+    try:
+        return _fork(config, first, workers, path, Sharing(shared, metrics_dir))
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """What the workers of one router share: backend load and a metrics directory."""
+
+    load: SharedLoad
+    metrics_dir: Path
+
+
+def _fork(
+    config: RouterConfig, first: socket.socket, workers: int, path: Path, sharing: Sharing
+) -> int:
     port = first.getsockname()[1]
     ready_r, ready_w = os.pipe()
     signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
@@ -223,7 +272,7 @@ def _supervise(config: RouterConfig, first: socket.socket, workers: int, path: P
 
             code = 0
             try:
-                uvloop.run(_worker(config, sock, tell_parent, path))
+                uvloop.run(_worker(config, sock, tell_parent, path, sharing, i))
             except BaseException:
                 log.exception("worker %d failed", i)
                 code = 1

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from policies.types import Candidate, EngineLoad, RequestInfo, group_of
 from router.backends.breaker import Breaker
+from router.backends.shared import Slot, WorkerRow
 from router.config.backends import ClientTls, client_tls
 from router.config.model import BackendSpec, HealthSettings
 
@@ -34,6 +35,7 @@ class BackendState:
         health: HealthSettings,
         clock: Clock,
         may_eject: Callable[[], bool] = lambda: True,
+        shared: Slot | None = None,
     ) -> None:
         self.spec = spec
         self._health = health
@@ -41,9 +43,10 @@ class BackendState:
         self.api_key: str | None = os.environ.get(spec.api_key_env) if spec.api_key_env else None
         self.tls: ClientTls | None = client_tls(spec)
         """Every client of this backend talks TLS with this (None: plain HTTP)."""
-        self.inflight = 0
-        self.outstanding_prompt = 0
-        self.outstanding_output = 0
+        # This process's requests on the backend; with ``shared``, every worker's are summed
+        # there (router.backends.shared) and that sum is what the properties below read.
+        self._inflight = self._prompt = self._output = 0
+        self._shared = shared
         self.probe_ok = True
         self._probe_failures = 0
         self.breaker = Breaker(
@@ -68,6 +71,34 @@ class BackendState:
     def server_name(self) -> str | None:
         """aiohttp's ``server_hostname`` argument: the configured TLS server name, if any."""
         return self.tls.server_name if self.tls is not None else None
+
+    def figures(self) -> tuple[int, int, int]:
+        """Requests in flight, outstanding prompt and output tokens: over every worker of the
+        router when they share their load, else this process's."""
+        if self._shared is None:
+            return self._inflight, self._prompt, self._output
+        return self._shared.totals()
+
+    @property
+    def inflight(self) -> int:
+        return self.figures()[0]
+
+    @property
+    def outstanding_prompt(self) -> int:
+        return self.figures()[1]
+
+    @property
+    def outstanding_output(self) -> int:
+        return self.figures()[2]
+
+    def _count(self, inflight: int, prompt: int, output: int) -> None:
+        """Add to this process's figures (only :class:`BackendLease` calls it)."""
+        if self._shared is not None:
+            self._shared.add(inflight, prompt, output)
+        else:
+            self._inflight += inflight
+            self._prompt += prompt
+            self._output += output
 
     @property
     def healthy(self) -> bool:
@@ -105,14 +136,15 @@ class BackendState:
         if load is not None:
             age = self._clock() - self._load_at
             load = replace(load, age_s=age, stale=age > self._health.scrape_stale_after)
+        inflight, prompt, output = self.figures()
         return Candidate(
             name=self.spec.name,
             engine=self.spec.engine,
             healthy=self.healthy,
-            inflight=self.inflight,
+            inflight=inflight,
             max_inflight=self.spec.max_inflight,
-            outstanding_prompt_tokens=self.outstanding_prompt,
-            outstanding_output_tokens=self.outstanding_output,
+            outstanding_prompt_tokens=prompt,
+            outstanding_output_tokens=output,
             load=load,
             priority_capable=self.spec.priority_capable,
         )
@@ -120,16 +152,17 @@ class BackendState:
     def describe(self) -> dict[str, object]:
         """The ``/switchyard/backends`` entry."""
         load = self.load
+        inflight, prompt, output = self.figures()
         return {
             "name": self.spec.name,
             "url": self.spec.url,
             "engine": self.spec.engine,
             "healthy": self.healthy,
             "breaker": self.breaker.state,
-            "inflight": self.inflight,
+            "inflight": inflight,
             "max_inflight": self.spec.max_inflight,
-            "outstanding_prompt_tokens": self.outstanding_prompt,
-            "outstanding_output_tokens": self.outstanding_output,
+            "outstanding_prompt_tokens": prompt,
+            "outstanding_output_tokens": output,
             "models": list(self.models),
             "priority_capable": self.spec.priority_capable,
             "load": None
@@ -158,9 +191,7 @@ class BackendLease:
         self._prefilled = False
         self._released = False
         backend.breaker.started()
-        backend.inflight += 1
-        backend.outstanding_prompt += req.prompt_tokens
-        backend.outstanding_output += req.expected_output_tokens
+        backend._count(1, req.prompt_tokens, req.expected_output_tokens)
 
     @property
     def backend(self) -> BackendState:
@@ -174,7 +205,7 @@ class BackendLease:
         """
         if not self._prefilled and not self._released:
             self._prefilled = True
-            self._backend.outstanding_prompt -= self._req.prompt_tokens
+            self._backend._count(0, -self._req.prompt_tokens, 0)
 
     def ok(self) -> None:
         """The backend answered properly: the breaker's run of failures ends."""
@@ -191,10 +222,8 @@ class BackendLease:
         self._released = True
         b, req = self._backend, self._req
         b.breaker.ended()
-        b.inflight -= 1
-        if not self._prefilled:
-            b.outstanding_prompt -= req.prompt_tokens
-        b.outstanding_output -= req.expected_output_tokens
+        prompt = 0 if self._prefilled else req.prompt_tokens
+        b._count(-1, -prompt, -req.expected_output_tokens)
 
 
 class Pool:
@@ -214,8 +243,11 @@ class Pool:
         health: HealthSettings,
         clock: Clock = time.monotonic,
         on_panic: Callable[[str], None] = lambda model: None,
+        shared: WorkerRow | None = None,
     ) -> None:
+        """``shared``: this worker's row of the load its router's workers share."""
         self._health = health
+        self._shared = shared
         self._clock = clock
         self._on_panic = on_panic
         # Discovered entries join as their replicas are found (router.backends.fleet).
@@ -225,7 +257,8 @@ class Pool:
 
     def state(self, spec: BackendSpec) -> BackendState:
         """A backend for ``spec`` under this pool's settings, not yet in it (see :meth:`add`)."""
-        return BackendState(spec, self._health, self._clock, self._may_eject)
+        slot = self._shared.slot(spec.name) if self._shared is not None else None
+        return BackendState(spec, self._health, self._clock, self._may_eject, slot)
 
     def add(self, backend: BackendState) -> None:
         """``backend`` is offered to policies from now on (its name must be new)."""

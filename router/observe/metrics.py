@@ -4,17 +4,27 @@ Names and labels are INTERFACES.md's table. Request and session ids never become
 Everything here is called once per request (or per probe), never per streamed chunk. It is
 also the policies' :class:`~policies.base.PipelineObserver`: a pipeline policy binds one
 series per plugin when it is built, and per request only observes into it.
+
+With ``router serve --workers N`` every worker records into prometheus-client's multiprocess
+files (:func:`share_between_workers`, set up by the parent before it forks), and whichever
+worker a scrape reaches merges all of them: counters and histograms are summed over every
+worker that ever ran (so they never go backwards), and each gauge is merged as its meaning
+requires (see its ``multiprocess_mode``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import values as prometheus_values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from policies.types import REQUEST_CLASSES
 
@@ -104,9 +114,18 @@ class Metrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, workers_dir: Path | None = None
+    ) -> None:
+        """``workers_dir``: the directory of :func:`share_between_workers`; :meth:`render`
+        then shows every worker's figures merged."""
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._exposed = r
+        if workers_dir is not None:
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=str(workers_dir))  # type: ignore[no-untyped-call]
+        self._live: list[tuple[Gauge, Callable[[], float]]] = []
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._requests = Counter(
             "switchyard_requests_total",
@@ -141,11 +160,21 @@ class Metrics:
         self._output = Counter(
             "switchyard_output_tokens_total", "Output tokens (engine usage).", _REQ, registry=r
         )
+        # Every worker reads the router-wide figure (router.backends.shared): the freshest wins.
         self._inflight = Gauge(
-            "switchyard_inflight_requests", "Requests open on a backend.", ["backend"], registry=r
+            "switchyard_inflight_requests",
+            "Requests open on a backend.",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
         )
+        # Workers probe on their own: down if any worker sees it down.
         self._up = Gauge(
-            "switchyard_backend_up", "1 if the backend is healthy.", ["backend"], registry=r
+            "switchyard_backend_up",
+            "1 if the backend is healthy.",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemin",
         )
         self._failovers = Counter(
             "switchyard_failovers_total",
@@ -202,6 +231,7 @@ class Metrics:
             "Requests waiting for a backend slot (every eligible backend saturated).",
             ["class"],
             registry=r,
+            multiprocess_mode="livesum",  # each worker has its own queues
         )
         self._shadow_requests = Counter(
             "switchyard_shadow_requests_total",
@@ -313,12 +343,18 @@ class Metrics:
         self, backend: str, inflight: Callable[[], float], up: Callable[[], float]
     ) -> None:
         """Read a backend's gauges from live state at scrape time (nothing per request)."""
-        self._inflight.labels(backend).set_function(inflight)
-        self._up.labels(backend).set_function(up)
+        self._watch(self._inflight.labels(backend), inflight)
+        self._watch(self._up.labels(backend), up)
 
     def unwatch_backend(self, backend: str) -> None:
         """A backend left the router: its gauges go (Prometheus then marks them stale). Its
         request counters and histograms stay, as counters of a running process do."""
+        if self._live:  # with workers the files keep the series: stop setting it, leave 0
+            gone = {id(self._inflight.labels(backend)), id(self._up.labels(backend))}
+            for child, _ in self._live:
+                if id(child) in gone:
+                    child.set(0)
+            self._live = [(child, read) for child, read in self._live if id(child) not in gone]
         for gauge in (self._inflight, self._up):
             with contextlib.suppress(KeyError):
                 gauge.remove(backend)
@@ -347,7 +383,14 @@ class Metrics:
 
     def watch_queue(self, request_class: str, waiting: Callable[[], float]) -> None:
         """Read a class's admission queue length from live state at scrape time."""
-        self._queued.labels(request_class).set_function(waiting)
+        self._watch(self._queued.labels(request_class), waiting)
+
+    def _watch(self, gauge: Gauge, read: Callable[[], float]) -> None:
+        if self._exposed is self.registry:
+            gauge.set_function(read)  # read at every collection of the registry
+        else:  # multiprocess values cannot be functions: set now, at each scrape, every second
+            gauge.set(read())
+            self._live.append((gauge, read))
 
     def slo(self, policy: str, request_class: str, met: bool) -> None:
         """Count one request against its class's SLO."""
@@ -382,6 +425,25 @@ class Metrics:
     def capture_degraded(self, reason: str) -> None:
         self._degraded.labels(reason).inc()
 
+    def refresh(self) -> None:
+        """With workers, set the gauges read from live state: a scrape does it first, and a
+        worker also every second, for the scrapes that reach its siblings."""
+        for gauge, read in self._live:
+            gauge.set(read())
+
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of every metric (of every worker's, merged)."""
+        self.refresh()
+        return generate_latest(self._exposed)
+
+
+def share_between_workers(directory: Path) -> None:
+    """Make every metric created from now on in this process (and the children it forks)
+    record into prometheus-client's multiprocess files in ``directory`` (fresh and empty).
+
+    prometheus-client picks where values live once, when it is imported, from
+    ``PROMETHEUS_MULTIPROC_DIR``; the router imports it before it knows about workers, so
+    this sets the variable and lets the library pick again, as its import would have.
+    """
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    prometheus_values.ValueClass = prometheus_values.get_value_class()  # type: ignore[no-untyped-call]

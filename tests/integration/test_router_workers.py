@@ -1,0 +1,121 @@
+"""`router serve --workers 2`: one truthful /metrics and one view of the backends' load.
+
+Each request and scrape goes over a fresh connection, so the kernel spreads them over both
+workers (SO_REUSEPORT) as it would a fleet of clients and a Prometheus server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.procs import Emulator, Process, start_emulator
+from tests.router.harness import base_config, client_for, get, post, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+SCRAPES = 30
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[Emulator]:
+    with start_emulator("vllm", time_scale=4) as emu:
+        yield emu
+
+
+@contextlib.contextmanager
+def two_workers(
+    emulator: Emulator, tmp_path: Path, **backend: object
+) -> Iterator[tuple[Process, set[int]]]:
+    """The router and its workers' pids."""
+    doc = base_config([("vllm", "vllm", emulator.url)])
+    doc["backends"][0].update(backend)
+    with start_router(write_config(tmp_path, doc), ["--workers", "2"]) as router:
+        pids = {get(router.url + "/health").json()["pid"] for _ in range(40)}
+        assert len(pids) == 2  # both workers answer on the shared port
+        yield router, pids
+
+
+def dead(pid: int) -> bool:
+    """``pid`` has exited, all its threads too (their last one closes its sockets); its
+    parent, the router, has not reaped it: a zombie."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z" and os.listdir(f"/proc/{pid}/task") == [
+        str(pid)
+    ]
+
+
+def series(text: str, name: str, label: str = "") -> float:
+    """The sum of every sample of ``name`` in an exposition (those with ``label``)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")) and label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_every_scrape_counts_every_workers_requests(emulator: Emulator, tmp_path: Path) -> None:
+    sequence: list[tuple[int, float, float, float]] = []
+    with two_workers(emulator, tmp_path) as (router, pids):
+        for sent in range(1, SCRAPES + 1):
+            reply = post(router.url + "/v1/chat/completions", CHAT)
+            assert reply.status == 200, reply.text
+            text = get(router.url + "/metrics").text
+            sequence.append(
+                (
+                    sent,
+                    series(text, "switchyard_requests_total"),
+                    series(text, "switchyard_e2e_request_latency_seconds_count"),
+                    series(text, "switchyard_e2e_request_latency_seconds_bucket", 'le="+Inf"'),
+                )
+            )
+        # A worker that dies takes nothing with it: its figures stay in the sum.
+        os.kill(victim := min(pids), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not dead(victim):  # else a connection could still reach its closing socket
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        after = [series(get(router.url + "/metrics").text, "switchyard_requests_total")
+                 for _ in range(5)]  # fmt: skip
+    assert after == [SCRAPES] * 5
+    print("sent, requests_total, e2e count, e2e +Inf bucket:", sequence)  # for the report
+    totals = [s[1] for s in sequence]
+    assert totals == sorted(totals)  # never backwards
+    # Each request was recorded before its answer was sent, whichever worker served it, and
+    # whichever worker answered the scrape summed them all; the histograms merged likewise.
+    assert all(sent == total == count == inf for sent, total, count, inf in sequence)
+
+
+def test_workers_see_one_load_and_one_max_inflight(emulator: Emulator, tmp_path: Path) -> None:
+    with (
+        two_workers(emulator, tmp_path, max_inflight=2) as (router, _),
+        contextlib.ExitStack() as open_,
+    ):
+        for _ in range(2):  # two streams of about 10 s, each on its own connection
+            client = open_.enter_context(client_for(router.url))
+            stream = open_.enter_context(
+                client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=3000,
+                    stream=True,
+                    extra_body={"min_tokens": 3000, "ignore_eos": True},
+                )
+            )
+            next(iter(stream))
+        for _ in range(10):  # every worker sees both streams...
+            [backend] = get(router.url + "/switchyard/backends").json()
+            assert backend["inflight"] == 2
+            text = get(router.url + "/metrics").text
+            assert series(text, "switchyard_inflight_requests") == 2  # one series, not two
+            assert series(text, "switchyard_backend_up") == 1
+        # ...so the backend's max_inflight is the router's, not each worker's.
+        for _ in range(6):
+            reply = post(router.url + "/v1/chat/completions", CHAT)
+            assert reply.status == 429, reply.text
