@@ -41,6 +41,8 @@ TICK = 0.5
 """Seconds between two looks at the store when nothing happens."""
 MAX_PAUSE = 30.0
 """Seconds between two turns at most while the store keeps failing."""
+LAG_PROBE = 0.05
+"""Seconds between two looks at how late the event loop runs a timer."""
 RETRY_PAUSE = 1.0
 """Seconds before a line turned away is taken again (doubling per try, at most 30 s)."""
 _RETRY_ALWAYS = frozenset({429, 503})
@@ -85,6 +87,7 @@ class Executor:
         self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._probe_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
@@ -94,6 +97,7 @@ class Executor:
             timeout=aiohttp.ClientTimeout(total=None), connector=aiohttp.TCPConnector(limit=0)
         )
         self._loop_task = asyncio.create_task(self._loop(), name="batch-executor")
+        self._probe_task = asyncio.create_task(self._probe(), name="batch-loop-lag")
 
     def wake(self) -> None:
         """Look at the store now (a batch was created or cancelled)."""
@@ -101,10 +105,11 @@ class Executor:
 
     async def aclose(self) -> None:
         """Stop taking lines, give up those running and hand their leases back at once."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        for background in (self._loop_task, self._probe_task):
+            if background is not None:
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
         tasks = list(self._running.values())
         for task in tasks:
             task.cancel()
@@ -113,6 +118,14 @@ class Executor:
             await self._store.renew(self.worker, 0.0)
         if self._session is not None:
             await self._session.close()
+
+    async def _probe(self) -> None:
+        """Tell the pacer how late the event loop runs a timer (how busy the router is)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(LAG_PROBE)
+            self._pacer.lag(loop.time() - start - LAG_PROBE)
 
     async def _loop(self) -> None:
         renewed = time.monotonic()

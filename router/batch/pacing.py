@@ -15,7 +15,10 @@ The P95 counts only interactive requests served by a backend that also served ba
 in the last :data:`SHARED` seconds: a batch can only slow those down (the engine's slots and
 KV cache are what they share). Interactive traffic that is slow on a pool the batch never
 touches (class-split keeps them apart) is no reason to hold the batch back, and holding it
-back would not help it.
+back would not help it. The one thing every request shares is the router's own event loop,
+which runs every batch line too: when the P95 of *all* interactive TTFTs is over the target
+and the loop fell behind by more than :data:`LAG_SHARE` of the target in the period (see
+:meth:`Pacer.lag`), the window halves as well.
 
 Without any SLO the window is fixed at ``max_concurrency``: a plain concurrency budget.
 """
@@ -34,6 +37,8 @@ WINDOW = 10.0
 """Seconds of interactive TTFTs the P95 is taken over."""
 SHARED = 60.0
 """Seconds a backend counts as shared after it last answered a batch request."""
+LAG_SHARE = 0.1
+"""Loop lag, as a share of the TTFT target, that makes the router a suspect."""
 MIN_SAMPLES = 5
 """Fewer interactive answers than this in the window are no signal (no decrease)."""
 _KEEP = 2048
@@ -49,6 +54,7 @@ class Pacer:
         self._ttfts: deque[tuple[float, str, float]] = deque(maxlen=_KEEP)
         self._batch_seen: dict[str, float] = {}
         self._refused = False
+        self._lag = 0.0
         self._slow_start = True
         self._last = time.monotonic()
         self.limit = float(
@@ -73,11 +79,17 @@ class Pacer:
         """The router turned a line away (429, no free backend slot)."""
         self._refused = True
 
-    def p95(self, now: float) -> float | None:
-        """The P95 TTFT of the window's interactive requests on shared backends; None with
-        too few samples."""
+    def lag(self, seconds: float) -> None:
+        """The event loop ran a timer ``seconds`` late (the executor probes it)."""
+        self._lag = max(self._lag, seconds)
+
+    def p95(self, now: float, *, shared_only: bool = True) -> float | None:
+        """The P95 TTFT of the window's interactive requests (on shared backends only, by
+        default); None with too few samples."""
         shared = {b for b, at in self._batch_seen.items() if at >= now - SHARED}
-        recent = sorted(t for at, b, t in self._ttfts if at >= now - WINDOW and b in shared)
+        recent = sorted(
+            t for at, b, t in self._ttfts if at >= now - WINDOW and (b in shared or not shared_only)
+        )
         if len(recent) < MIN_SAMPLES:
             return None
         return recent[min(len(recent) - 1, math.ceil(0.95 * len(recent)) - 1)]
@@ -89,11 +101,14 @@ class Pacer:
             return
         self._last = now
         s = self._settings
+        target = self._target
         p95 = self.p95(now)
-        if self._refused or (p95 is not None and p95 > self._target):
+        busy = self._lag > LAG_SHARE * target and (self.p95(now, shared_only=False) or 0) > target
+        if self._refused or busy or (p95 is not None and p95 > target):
             self.limit = max(float(s.min_concurrency), self.limit / 2)
             self._slow_start = False
         elif wanting:
             grown = self.limit * 2 if self._slow_start else self.limit + max(1.0, self.limit / 10)
             self.limit = min(float(s.max_concurrency), grown)
         self._refused = False
+        self._lag = 0.0

@@ -69,6 +69,22 @@ def test_only_interactive_requests_on_backends_the_batch_uses_count(clock: list[
     assert step(pacer, clock) == 4
 
 
+def test_a_lagging_router_halves_when_interactive_misses_anywhere(clock: list[float]) -> None:
+    pacer = Pacer(SETTINGS, slo_ttft=1.0)  # target 0.5 s; the router is a suspect past 50 ms
+    pacer.observe("batch", "deepinfer", 9.0)
+    for _ in range(20):
+        pacer.observe("interactive", "vllm", 3.0)  # slow on a pool the batch does not use
+    pacer.lag(0.2)
+    assert step(pacer, clock) == 2  # the loop lags and interactive misses: halve
+    pacer.lag(0.01)
+    assert step(pacer, clock) == 3  # no lag to speak of: vllm's slowness is its own
+    fast = Pacer(SETTINGS, slo_ttft=1.0)
+    for _ in range(20):
+        fast.observe("interactive", "vllm", 0.1)
+    fast.lag(0.2)
+    assert step(fast, clock) == 8  # lag, but interactive meets its target: no reason
+
+
 def test_few_samples_are_no_signal_and_refusals_halve(clock: list[float]) -> None:
     pacer = Pacer(SETTINGS, slo_ttft=1.0)
     pacer.observe("batch", "vllm", 9.0)
