@@ -112,9 +112,11 @@ def test_max_concurrency(router: Process) -> None:
         stream = c.chat.completions.create(
             model=MODEL,
             messages=CHAT,
-            max_tokens=200,
+            # Long enough (about 1.2 s at this time scale) to outlast building the second
+            # client on a loaded machine; closed below as soon as it has made its point.
+            max_tokens=2000,
             stream=True,
-            extra_body={"min_tokens": 200},
+            extra_body={"min_tokens": 2000},
         )
         try:
             next(iter(stream))
