@@ -37,6 +37,7 @@ def test_saturated_batch_waits_then_full_queue_gets_429(tmp_path: Path) -> None:
                 messages=CHAT,
                 max_tokens=4000,
                 stream=True,
+                extra_body={"ignore_eos": True},  # holds the slot until closed below
             ) as first:
                 assert first.headers["x-switchyard-backend"] == "a"
                 thread = threading.Thread(target=queued)
