@@ -29,6 +29,7 @@ every turn extends the previous one. Pass the public Mooncake sample as ``--trac
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import socket
@@ -38,7 +39,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,27 +178,42 @@ def switchyard(urls: Sequence[str], directory: Path) -> Iterator[str]:
         stop_all([proc], 20)
 
 
-@contextmanager
-def vllm_router(binary: str, policy: str, urls: Sequence[str], directory: Path) -> Iterator[str]:
+def start_vllm_router(
+    binary: str,
+    policy: str,
+    urls: Sequence[str],
+    directory: Path,
+    env: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """vllm-router with ``policy`` in front of ``urls`` (``env`` added to its environment),
+    once it answers; its log in ``directory``."""
     port = free_port()
     argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
             "--prometheus-port", str(free_port()), "--log-level", "warning",
             "--worker-urls", *urls]  # fmt: skip
     with (directory / f"vllm-router-{policy}.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
+                if resp.status == 200:
+                    return proc, url
+        except (urllib.error.URLError, OSError):
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_all([proc], 20)
+            raise RuntimeError(f"vllm-router did not come up (see {directory})")
+        time.sleep(0.5)
+
+
+@contextmanager
+def vllm_router(binary: str, policy: str, urls: Sequence[str], directory: Path) -> Iterator[str]:
+    proc, url = start_vllm_router(binary, policy, urls, directory)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vllm-router did not come up (see {directory})")
-            time.sleep(0.5)
         yield url
     finally:
         stop_all([proc], 20)

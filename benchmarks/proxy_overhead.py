@@ -279,26 +279,30 @@ def _print_targets(medians: dict[tuple[str, int], Row]) -> None:
         print(f"  [{'met' if best >= 20000 else 'MISSED'}] unpaced chunks/s {best:.0f} >= 20000")
 
 
-def _versus(upstream: str, router: str, pid: int, rounds: int, pin: bool) -> None:
+def _versus(upstream: str, router: str, pid: int, rounds: int, pin: bool, tmp: Path) -> None:
     """The side-by-side with vllm-router (imported here: that module builds on this one)."""
+    from benchmarks import proxy_floor
     from benchmarks import proxy_versus as vs
 
-    proxies = [vs.Proxy("switchyard", router, pid)]
-    rust, found = vs.start_vllm_router(upstream)  # its URL, or why it cannot run
+    floor, floor_url = spawn_ready([sys.executable, "-m", "benchmarks.proxy_floor", upstream],
+                                   proxy_floor.READY, 30)  # fmt: skip
+    proxies = [vs.Proxy("switchyard", router, pid), vs.Proxy("floor", floor_url, floor.pid)]
+    rust, found = vs.start_vllm_router(upstream, tmp)  # its URL, or why it cannot run
     try:
         if rust is not None:
             proxies.append(vs.Proxy("vllm-router", found, rust.pid))
-            if pin:
-                os.sched_setaffinity(rust.pid, {0})
+        for proxy in proxies[1:] if pin else ():
+            os.sched_setaffinity(proxy.pid, {0})
         print(
             f"{vs.STREAMS} closed-loop streams paced {vs.GAP_MS:g} ms, {vs.LENGTHS} chunks, then"
             f" non-streamed one-chunk answers; median of {rounds} rounds, {os.cpu_count()} CPUs"
         )
         vs.report(vs.measure(upstream, proxies, rounds, 4000), None if rust else found)
     finally:
-        if rust is not None:
-            rust.terminate()
-            rust.wait(10)
+        for proc in (floor, rust):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(0, {1})
         try:
             if args.versus:
-                _versus(upstream, router, r_proc.pid, args.rounds, args.pin)
+                _versus(upstream, router, r_proc.pid, args.rounds, args.pin, Path(tmp))
                 return 0
             print(
                 f"{args.chunks} chunks per stream, {args.streams} streams per run, median of "

@@ -9,24 +9,25 @@ and at 64 chunks a stream, then non-streamed one-chunk answers. Per proxy it pri
 seconds per 1,000 chunks at both lengths (utime+stime from /proc), the fit of cost per chunk
 = per-chunk + per-request / chunks over the two lengths, the added TTFT P50 (proxy minus
 direct) and the non-streamed requests per CPU second (what one busy core would serve), then
-issue 18's targets marked met or missed. Without ``vllm-router`` on the PATH (``pip install
-vllm-router``) it says so and prints Switchyard's figures alone.
+issue 18's targets marked met or missed. A third row, ``floor``, is benchmarks/proxy_floor.py:
+the router's server and upstream sides with none of its request handling, the least any change
+to that handling could reach. Without ``vllm-router`` on the PATH (``pip install vllm-router``)
+it says so and prints the other rows alone.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvloop
 
+from benchmarks.prefix_routing import start_vllm_router as start_vllm_router_in
 from benchmarks.proxy_overhead import _cpu_seconds, _load, _pct
 
 LENGTHS = (16, 64)
@@ -61,30 +62,18 @@ class Figures:
         return c2 - per_request / n2, per_request
 
 
-def start_vllm_router(upstream: str) -> tuple[subprocess.Popen[bytes] | None, str]:
-    """vllm-router on one tokio worker in front of ``upstream``; (None, why) if it cannot run."""
+def start_vllm_router(upstream: str, directory: Path) -> tuple[subprocess.Popen[bytes] | None, str]:
+    """vllm-router on one tokio worker in front of ``upstream``: (process, URL), or (None, why
+    it cannot run)."""
     beside = os.path.join(os.path.dirname(sys.executable), "vllm-router")  # in this venv
-    exe = beside if os.path.exists(beside) else shutil.which("vllm-router")
-    if exe is None:
+    binary = beside if os.path.exists(beside) else shutil.which("vllm-router")
+    if binary is None:
         return None, "vllm-router is not installed (pip install vllm-router)"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "TOKIO_WORKER_THREADS": "1"}
-    argv = [exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream,
-            "--policy", "round_robin", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    proc.wait()
-    return None, f"vllm-router did not come up within 60 s (exit status {proc.poll()})"
+    try:
+        return start_vllm_router_in(binary, "round_robin", [upstream], directory,
+                                    {"TOKIO_WORKER_THREADS": "1"})  # fmt: skip
+    except (OSError, RuntimeError) as exc:
+        return None, f"vllm-router did not start: {exc}"
 
 
 def _streams(url: str, chunks: int) -> tuple[float, int]:
