@@ -279,7 +279,7 @@ def _print_targets(medians: dict[tuple[str, int], Row]) -> None:
         print(f"  [{'met' if best >= 20000 else 'MISSED'}] unpaced chunks/s {best:.0f} >= 20000")
 
 
-def _versus(upstream: str, router: str, pid: int, rounds: int, pin: bool, tmp: Path) -> None:
+def _versus(upstream: str, router: str, pid: int, args: argparse.Namespace, tmp: Path) -> None:
     """The side-by-side with vllm-router (imported here: that module builds on this one)."""
     from benchmarks import proxy_floor
     from benchmarks import proxy_versus as vs
@@ -287,19 +287,27 @@ def _versus(upstream: str, router: str, pid: int, rounds: int, pin: bool, tmp: P
     floor, floor_url = spawn_ready([sys.executable, "-m", "benchmarks.proxy_floor", upstream],
                                    proxy_floor.READY, 30)  # fmt: skip
     proxies = [vs.Proxy("switchyard", router, pid), vs.Proxy("floor", floor_url, floor.pid)]
+    base = None
+    if args.baseline:  # the router package imported from that tree, on the same config
+        run = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('router')"
+        cfg = _router_config(upstream, tmp, access_log=not args.no_access_log)
+        argv = [sys.executable, "-c", run, args.baseline, "serve", "--config", str(cfg)]
+        base, base_url = spawn_ready(argv, "router listening on ", 30)
+        proxies.append(vs.Proxy("baseline", base_url, base.pid))
     rust, found = vs.start_vllm_router(upstream, tmp)  # its URL, or why it cannot run
     try:
         if rust is not None:
             proxies.append(vs.Proxy("vllm-router", found, rust.pid))
-        for proxy in proxies[1:] if pin else ():
+        for proxy in proxies[1:] if args.pin else ():
             os.sched_setaffinity(proxy.pid, {0})
         print(
             f"{vs.STREAMS} closed-loop streams paced {vs.GAP_MS:g} ms, {vs.LENGTHS} chunks, then"
-            f" non-streamed one-chunk answers; median of {rounds} rounds, {os.cpu_count()} CPUs"
+            f" non-streamed one-chunk answers; median of {args.rounds} rounds,"
+            f" {os.cpu_count()} CPUs"
         )
-        vs.report(vs.measure(upstream, proxies, rounds, 4000), None if rust else found)
+        vs.report(vs.measure(upstream, proxies, args.rounds, 4000), None if rust else found)
     finally:
-        for proc in (floor, rust):
+        for proc in (floor, base, rust):
             if proc is not None:
                 proc.terminate()
                 proc.wait(10)
@@ -336,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: Switchyard and vllm-router side by side (benchmarks/proxy_versus.py)",
     )
+    ap.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="with --versus: also a router run from the source tree DIR (say, an older commit\n"
+        "checked out with `git worktree add DIR COMMIT`), as its own row",
+    )
     ap.add_argument("--upstream-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.upstream_server:
@@ -355,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(0, {1})
         try:
             if args.versus:
-                _versus(upstream, router, r_proc.pid, args.rounds, args.pin, Path(tmp))
+                _versus(upstream, router, r_proc.pid, args, Path(tmp))
                 return 0
             print(
                 f"{args.chunks} chunks per stream, {args.streams} streams per run, median of "
