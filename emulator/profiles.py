@@ -20,7 +20,7 @@ ENGINES_DIR = Path(__file__).resolve().parent.parent / "config" / "engines"
 
 SCHEDULING_MODES = ("mixed", "overlap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
-RANK_ASSIGNMENTS = ("balanced", "random", "hash")
+RANK_ASSIGNMENTS = ("balanced", "random", "hash", "vllm-dp")
 ERROR_STATUSES = (429, 500, 503)
 
 
@@ -73,6 +73,7 @@ class Profile:
     scheduling_policy: str = "fcfs"
     ranks: int = 1
     rank_assignment: str = "balanced"
+    dp_stats_interval_ms: float = 100.0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 16384
     kv_cache_tokens: int = 1048576
@@ -132,6 +133,8 @@ def _check_choices(values: dict[str, Any], errors: list[str]) -> None:
     for key in ("ranks", "max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
         if values.get(key) == 0:
             errors.append(f"{key}: must be at least 1")
+    if values.get("dp_stats_interval_ms", 1.0) <= 0:
+        errors.append("dp_stats_interval_ms: must be above 0")
     if values.get("tokens_per_chunk", 1.0) < 1.0:
         errors.append("tokens_per_chunk: must be at least 1")
 

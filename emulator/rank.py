@@ -90,6 +90,10 @@ class Rank:
         self.lane_end: float | None = None  # overlap: the prefill lane's current job
         self.lane_job: Sequence | None = None
         self.preemptions = 0
+        # (waiting, running) as published after the last step: what vLLM's DP front end
+        # balances on. Requests that arrived during the step are not in it yet.
+        self.published = (0, 0)
+        self._scheduled_waiting = 0
 
     @property
     def free(self) -> int:
@@ -276,6 +280,7 @@ class Rank:
             chunk = min(new.prefill_target - new.prefilled, budget)
             prefill.append((new, chunk))
             budget -= chunk
+        self._scheduled_waiting = self.n_waiting
         if not decode and not prefill:
             return
         tokens = sum(c for _, c in prefill)
@@ -298,6 +303,7 @@ class Rank:
                 if seq.prefilled >= seq.prefill_target:
                     self._emit(seq, 1, now, out)
         self.step_decode, self.step_prefill = [], []
+        self.published = (self._scheduled_waiting, len(self.running))
 
     # overlap scheduling (separate prefill lane) ------------------------------------------------
     def _start_lane(self, now: float) -> None:
