@@ -30,7 +30,7 @@ import orjson
 
 from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD
 from replay.client import Result, encode_body
-from replay.sources import Item, Synth
+from replay.sources import RESPONSES_URL, Item, Synth
 from replay.synth import PromptSynth
 
 Message = Mapping[str, Any]
@@ -122,7 +122,7 @@ class Conversations:
         if messages is None:
             return body, pending
         doc = orjson.loads(body)
-        doc["messages"] = messages
+        doc["input" if rec.url == RESPONSES_URL else "messages"] = messages
         return encode_body(doc, rec.url), pending
 
     def end(self, item: Item, pending: Pending | None, body: bytes, r: Result | None) -> None:
@@ -135,13 +135,19 @@ class Conversations:
         doc = orjson.loads(body)
         pending.future.set_result(
             Turn(
-                tuple(doc.get("messages") or ()),
+                tuple(_messages(doc, item.record.url)),
                 0 if item.synth is not None else len(item.record.body.get("messages") or ()),
                 r.prompt_tokens or 0,
                 r.output_tokens,
                 r.text or "",
             )
         )
+
+
+def _messages(doc: Mapping[str, Any], url: str) -> list[Message]:
+    """A body's message list (a Responses API request's ``input``, when it is a list)."""
+    value = doc.get("input" if url == RESPONSES_URL else "messages")
+    return value if isinstance(value, list) else []
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from replay.simulate.loop import Simulation
 from replay.simulate.pareto import pareto_points, render_pareto
 from replay.simulate.sweep import Setting, apply, grid, label, parse_set
 from replay.simulate.world import World
-from replay.sources import FORMATS, Item, Source, SourceError
+from replay.sources import FORMATS, Item, Source, SourceError, detect_format
 from router.cli import default_config_path
 from router.config.model import ConfigError, RouterConfig
 from router.config.parse import load_document, parse_config
@@ -195,6 +195,8 @@ def main(argv: list[str]) -> int:
         path = a.config or str(default_config_path())
         doc = load_document(path)
         sim = Simulator(a, doc, parse_config(doc))
+        if (a.format or detect_format(a.file)) == "openai-batch" and not a.rate:
+            raise ValueError("a Batch file has no arrival times: give --rate R")
         for p in (a.out, a.results, a.html):
             if p:
                 Path(p).parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from router.server.errors import RouterError
 ENDPOINTS: Mapping[str, Endpoint] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
+    "/v1/responses": "responses",
 }
 
 
@@ -92,7 +93,7 @@ def understand(
     rec = item.record
     endpoint = ENDPOINTS.get(rec.url)
     if endpoint is None:
-        raise Refused(404, f"{rec.url} is not simulated (chat and completions are)")
+        raise Refused(404, f"{rec.url} is not simulated (chat, completions, responses are)")
     header = rec.headers.get("x-request-class")
     session = rec.headers.get("x-session-id")
     synth = item.synth
@@ -175,7 +176,7 @@ def engine_sequence(
         else:
             body = routed.item.record.body
             gen = Generation(
-                api="chat",
+                api=engine_api(info.endpoint),
                 model=served,
                 prompt_tokens=info.prompt_tokens,
                 max_tokens=info.max_tokens,

@@ -244,3 +244,25 @@ def test_sweep_settings_are_validated_as_the_router_validates_its_config(tmp_pat
         {"backends[0].max_inflight": 1},
         {"backends[0].max_inflight": 64},
     ]
+
+
+def test_responses_and_batch_lines(tmp_path: Path) -> None:
+    model = World(_config(), {}).model()
+    line = {
+        "custom_id": "r1",
+        "method": "POST",
+        "url": "/v1/responses",
+        "v": 1,
+        "t_offset_ms": 0,
+        "body": {"model": model, "input": "how deep is the lake?", "stream": True},
+    }
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    out = tmp_path / "r.json"
+    assert main([str(path), "--policy", "round-robin", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["runs"][0]["overall"]["completed"] == 1
+    batch = FIXTURES / "openai-batch.jsonl"
+    assert main([str(batch), "--policy", "round-robin"]) == 2  # no times: --rate needed
+    assert main([str(batch), "--policy", "round-robin", "--rate", "2", "--out", str(out)]) == 0
+    overall = json.loads(out.read_text())["runs"][0]["overall"]
+    assert overall["completed"] + overall["failed"] == 6
