@@ -41,7 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", help="capture, Mooncake, Azure, BurstGPT or OpenAI Batch file")
     p.add_argument("--config", help="router config (default: the embedded default)")
-    p.add_argument("--policy", action="append", dest="policies", metavar="NAME")
+    p.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="NAME",
+        help="one run each (default: the config's default_policy)",
+    )
     p.add_argument(
         "--profile",
         action="append",
@@ -50,10 +56,15 @@ def _parser() -> argparse.ArgumentParser:
         help="engine profile for a backend without an emulator (or to replace its own)",
     )
     p.add_argument(
-        "--set", action="append", default=[], dest="sets", metavar="KEY=V1,V2", help="sweep"
+        "--set",
+        action="append",
+        default=[],
+        dest="sets",
+        metavar="KEY=V1,V2",
+        help="sweep a config key path over values (several: the grid)",
     )
     p.add_argument("--format", choices=FORMATS)
-    p.add_argument("--speed", type=_positive(float), default=1.0)
+    p.add_argument("--speed", type=_positive(float), default=1.0, help="offsets divided by X")
     p.add_argument("--rate", type=_positive(float), help="requests/s for files without times")
     p.add_argument("--max-requests", type=_positive(int), metavar="N")
     p.add_argument("--max-gap", type=_positive(float), metavar="SECONDS")

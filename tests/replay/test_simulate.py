@@ -266,3 +266,22 @@ def test_responses_and_batch_lines(tmp_path: Path) -> None:
     assert main([str(batch), "--policy", "round-robin", "--rate", "2", "--out", str(out)]) == 0
     overall = json.loads(out.read_text())["runs"][0]["overall"]
     assert overall["completed"] + overall["failed"] == 6
+
+
+def test_real_engines_are_simulated_by_the_profile_named_for_them(tmp_path: Path) -> None:
+    doc = load_document(default_config_path())
+    assert isinstance(doc, dict)
+    for b in doc["backends"]:
+        del b["emulator"]
+        b["url"] = "http://10.0.0.1:8000"  # a real engine: never contacted
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    trace = str(FIXTURES / "mooncake.jsonl")
+    assert main([trace, "--config", str(config)]) == 2  # which engine model? not said
+    out = tmp_path / "r.json"
+    argv = [trace, "--config", str(config), "--policy", "round-robin", "--out", str(out)]
+    argv += ["--profile", "vllm=vllm", "--profile", "deepinfer=deepinfer"]
+    assert main(argv) == 0
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["overall"]["completed"] == 12
+    assert set(run["by_backend"]) == {"vllm", "deepinfer"}
