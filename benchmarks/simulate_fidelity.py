@@ -56,7 +56,7 @@ def fidelity(a: argparse.Namespace) -> None:
     """Live and simulated figures per policy, side by side."""
     a.out_dir.mkdir(parents=True, exist_ok=True)
     live, sim = a.out_dir / "live.json", a.out_dir / "simulated.json"
-    common = [a.trace, "--window", a.window]
+    common = [a.trace, "--window", a.window, "--sessions", a.sessions]
     for name in a.policies:
         common += ["--policy", name]
     argv = [sys.executable, "-m", "router", "serve", "--port", "0"]
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", default="0:300", help="START:END seconds of the trace")
     p.add_argument("--policy", action="append", dest="policies")
     p.add_argument("--config", help="router config (default: the embedded default)")
+    p.add_argument("--sessions", default="auto", choices=("auto", "infer", "off"))
     p.add_argument("--out-dir", type=Path, default=Path("out/fidelity"))
     p.add_argument(
         "--reuse-live", action="store_true", help="keep OUT_DIR/live.json from an earlier run"

@@ -105,9 +105,8 @@ class Simulation:
             t_plan = nxt.at if nxt is not None else math.inf
             t_ready = ready[0][0] if ready else math.inf
             now = min(t_plan, t_ready, next_scrape)
-            self._advance(now)
-            if ready and ready[0][0] < now:  # an answer just now let a turn go earlier
-                continue
+            if not self._advance(now) or (ready and ready[0][0] < now):
+                continue  # stepping towards ``now``, or an answer let a turn go earlier
             if nxt is None and not self.flights and not ready:  # the last answer is in
                 break
             world.now = now
@@ -123,12 +122,18 @@ class Simulation:
                 nxt = next(arrivals, None)
         return world.now
 
-    def _advance(self, until: float) -> None:
-        """Every engine to ``until``; then the answers that ended, in the order they ended."""
+    def _advance(self, until: float) -> bool:
+        """Every engine to ``until``, then the answers that ended, in the order they ended.
+
+        While turns wait for answers, only as far as the earliest engine event (an answer
+        may let a turn go before ``until``); returns whether the engines reached ``until``.
+        """
         ended: list[tuple[float, int, Flight, Sequence]] = []
         flights = self.flights
-        if self._queued:  # an answer may release a turn before ``until``: one step at a time
-            until = min([until, *(b.deadline for b in self.world.backends if b.deadline)])
+        target = until
+        if self._queued:
+            due = [b.deadline for b in self.world.backends if b.deadline is not None]
+            until = min([until, *due])
         for b in self.world.backends:
             if b.deadline is None or b.deadline > until:
                 continue
@@ -148,6 +153,7 @@ class Simulation:
             del flights[seq]
             self.world.now = t
             self._answer(f, seq, t)
+        return until >= target
 
     def _arrive(self, planned: Planned, now: float, *, ready: bool = False) -> None:
         item, world, policy = planned.item, self.world, self.policy

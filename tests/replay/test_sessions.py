@@ -18,6 +18,7 @@ from replay.sources import Item, Source
 from router.cli import default_config_path
 from router.config.parse import load_config
 from tests.procs import run_replay, start_emulator
+from tests.replay.test_simulate import Recorder, recorder_config
 
 
 def _write(tmp_path: Path, rows: list[dict[str, Any]], name: str = "t.jsonl") -> Path:
@@ -129,3 +130,31 @@ def test_live_turns_wait_and_send_the_history_with_the_answer(tmp_path: Path) ->
     first = one["resp"]["usage"]["prompt_tokens"]
     new = 4  # "and the river?"
     assert two["resp"]["usage"]["prompt_tokens"] == first + 40 + 2 * MESSAGE_OVERHEAD + new
+
+
+def test_the_clock_never_goes_back_while_turns_wait(tmp_path: Path) -> None:
+    # Twelve sessions of four turns each, interleaved: turns keep waiting for answers while
+    # other sessions' turns arrive. The policy's view of the clock, at every choice and
+    # every answer fed back, only moves forward.
+    rows: list[dict[str, Any]] = [
+        {
+            "session_id": f"s{k}",
+            "timestamp": 40 * (4 * k + t),
+            "input_length": 900 * (t + 1),
+            "output_length": 30 + 7 * k,
+            "hash_ids": list(range(k * 100, k * 100 + 2 * (t + 1))),
+        }
+        for k in range(12)
+        for t in range(4)
+    ]
+    rows.sort(key=lambda r: r["timestamp"])
+    path = _write(tmp_path, rows)
+    world = World(recorder_config(), {})
+    rec = world.policies["rec"]
+    assert isinstance(rec, Recorder)
+    rec.clock = lambda: world.now
+    out: list[Result] = []
+    sim = Simulation(world, rec, "rec", lambda i, r, t: out.append(r))
+    sim.run(Plan(Source(str(path), model=world.model()), PlanOptions()))
+    assert len(out) == 48 and all(r.ok for r in out)
+    assert len(rec.times) == 96 and rec.times == sorted(rec.times)

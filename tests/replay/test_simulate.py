@@ -44,13 +44,17 @@ class Recorder:
     clock: Callable[[], float] = lambda: 0.0
     seen: list[Seen] = field(default_factory=list)
     finished: list[tuple[str, str, Outcome]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    """The clock at every choice and every outcome fed back, in call order."""
 
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
+        self.times.append(self.clock())
         self.seen.append(Seen(self.clock(), tuple(candidates)))
         ranked = sorted(candidates, key=lambda c: (c.inflight, c.name))
         return Decision(tuple(c.name for c in ranked))
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        self.times.append(self.clock())
         self.finished.append((req.request_id, backend, outcome))
 
 
@@ -59,7 +63,7 @@ def recorder(name: str, params: Mapping[str, object], backends: Sequence[Backend
     return Recorder(name)
 
 
-def _config(**health: Any) -> Any:
+def recorder_config(**health: Any) -> Any:
     doc = load_document(default_config_path())
     assert isinstance(doc, dict)
     doc["policies"]["rec"] = {"type": "tests.replay.test_simulate:recorder"}
@@ -95,7 +99,7 @@ def _busy_rows(n: int = 60) -> list[dict[str, Any]]:
 
 
 def test_clock_never_goes_back_and_every_answer_ends_after_its_send(tmp_path: Path) -> None:
-    world, out = _run(_config(), "rec", _trace(tmp_path, _busy_rows()))
+    world, out = _run(recorder_config(), "rec", _trace(tmp_path, _busy_rows()))
     rec = world.policies["rec"]
     assert isinstance(rec, Recorder)
     times = [s.now for s in rec.seen]
@@ -111,7 +115,7 @@ def test_every_request_is_answered_or_counted_failed(tmp_path: Path) -> None:
     rows.insert(5, {"timestamp": 760, "input_length": 40_000, "output_length": 10})  # > context
     rows.insert(9, {"timestamp": 1300, "input_length": 500, "output_length": 0})  # skipped row
     path = _trace(tmp_path, rows)
-    _, out = _run(_config(), "adaptive", path)
+    _, out = _run(recorder_config(), "adaptive", path)
     ids = [i.record.custom_id for i, _, _ in out]
     assert sorted(ids) == sorted(f"mooncake-{n}" for n in range(22) if n != 9)
     failed = [r for _, r, _ in out if not r.ok]
@@ -126,7 +130,9 @@ def test_policy_sees_the_scrape_interval_and_staleness_it_is_configured_with(
     tmp_path: Path,
 ) -> None:
     world, out = _run(
-        _config(scrape_interval=2.0, scrape_stale_after=0.5), "rec", _trace(tmp_path, _busy_rows())
+        recorder_config(scrape_interval=2.0, scrape_stale_after=0.5),
+        "rec",
+        _trace(tmp_path, _busy_rows()),
     )
     rec = world.policies["rec"]
     assert isinstance(rec, Recorder)
@@ -148,7 +154,9 @@ def test_policy_sees_the_scrape_interval_and_staleness_it_is_configured_with(
 
 
 def test_no_scraping_means_no_load_and_feedback_reaches_the_policy(tmp_path: Path) -> None:
-    world, out = _run(_config(scrape_metrics=False), "rec", _trace(tmp_path, _busy_rows(10)))
+    world, out = _run(
+        recorder_config(scrape_metrics=False), "rec", _trace(tmp_path, _busy_rows(10))
+    )
     rec = world.policies["rec"]
     assert isinstance(rec, Recorder)
     assert all(c.load is None for s in rec.seen for c in s.candidates)
@@ -214,7 +222,9 @@ def test_time_window_shards_merge_into_the_whole_trace(tmp_path: Path) -> None:
     assert run["overall"]["duration"] > span / 1000.0
 
 
-def test_sweep_settings_are_validated_as_the_router_validates_its_config(tmp_path: Path) -> None:
+def test_sweep_settings_are_validated_as_the_router_validates_itsrecorder_config(
+    tmp_path: Path,
+) -> None:
     trace = str(FIXTURES / "mooncake.jsonl")
     assert main([trace, "--set", "health.scrape_interval=-1"]) == 2
     assert main([trace, "--set", "policies.adaptive.params.no_such_key=1"]) == 2
@@ -247,7 +257,7 @@ def test_sweep_settings_are_validated_as_the_router_validates_its_config(tmp_pat
 
 
 def test_responses_and_batch_lines(tmp_path: Path) -> None:
-    model = World(_config(), {}).model()
+    model = World(recorder_config(), {}).model()
     line = {
         "custom_id": "r1",
         "method": "POST",
