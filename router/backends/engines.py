@@ -1,4 +1,9 @@
-"""Per-engine load metric names (a data table, not code branches) and /metrics parsing."""
+"""Per-engine load metric names (a data table, not code branches) and /metrics parsing.
+
+A backend's ``engine`` kind picks its row; a kind the table does not know is recognised by the
+series its /metrics exposes (the first row with any of them), so ``engine: llama`` in front of
+llama.cpp still reads ``llamacpp:*``.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,11 @@ class EngineMetricNames:
     running: tuple[str, ...]
     kv_cache_usage: tuple[str, ...]
     """A fraction in [0, 1]."""
+
+    @property
+    def series(self) -> frozenset[str]:
+        """Every name of the row."""
+        return frozenset((*self.waiting, *self.running, *self.kv_cache_usage))
 
 
 _VLLM = EngineMetricNames(
@@ -37,12 +47,30 @@ ENGINE_METRICS: dict[str, EngineMetricNames] = {
         running=("tgi_batch_current_size",),
         kv_cache_usage=(),
     ),
+    # llama.cpp's llama-server with --metrics: busy slots and requests queued for a free slot.
+    # The build this project tests (vendored in llama-cpp-python 0.3.36) has no KV gauge;
+    # older builds exported kv_cache_usage_ratio, read when present.
+    "llamacpp": EngineMetricNames(
+        waiting=("llamacpp:requests_deferred",),
+        running=("llamacpp:requests_processing",),
+        kv_cache_usage=("llamacpp:kv_cache_usage_ratio",),
+    ),
 }
+
+_ALL_SERIES = frozenset().union(*(names.series for names in ENGINE_METRICS.values()))
 
 
 def metric_names(engine: str) -> EngineMetricNames:
     """The table entry for ``engine`` (unknown kinds are read with vLLM's names)."""
     return ENGINE_METRICS.get(engine, _VLLM)
+
+
+def detect_engine(samples: dict[str, float]) -> str | None:
+    """The first table kind any of whose load series is among ``samples``."""
+    for kind, names in ENGINE_METRICS.items():
+        if not names.series.isdisjoint(samples):
+            return kind
+    return None
 
 
 def parse_samples(text: str, wanted: frozenset[str]) -> dict[str, float]:
@@ -72,11 +100,13 @@ def parse_samples(text: str, wanted: frozenset[str]) -> dict[str, float]:
 
 
 def parse_load(text: str, engine: str) -> EngineLoad:
-    """The engine's load as the policies see it."""
-    names = metric_names(engine)
-    samples = parse_samples(
-        text, frozenset((*names.waiting, *names.running, *names.kv_cache_usage))
-    )
+    """The engine's load as the policies see it (an unknown kind: by the series it exposes)."""
+    if engine in ENGINE_METRICS:
+        names = ENGINE_METRICS[engine]
+        samples = parse_samples(text, names.series)
+    else:
+        samples = parse_samples(text, _ALL_SERIES)
+        names = metric_names(detect_engine(samples) or engine)
 
     def first(keys: tuple[str, ...]) -> float | None:
         return next((samples[k] for k in keys if k in samples), None)

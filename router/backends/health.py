@@ -106,7 +106,8 @@ class HealthMonitor:
 
 
 def _models(body: bytes) -> tuple[tuple[str, ...], int | None]:
-    """The model ids of a /v1/models answer, and the smallest ``max_model_len`` it gives."""
+    """The model ids of a /v1/models answer, and the smallest context length it gives: vLLM's
+    ``max_model_len``, else llama.cpp's ``meta.n_ctx`` (the context of one of its slots)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -118,6 +119,13 @@ def _models(body: bytes) -> tuple[tuple[str, ...], int | None]:
     lengths = [
         n
         for m in entries
-        if isinstance(n := m.get("max_model_len"), int) and not isinstance(n, bool) and n > 0
+        if isinstance(n := m.get("max_model_len", _meta(m).get("n_ctx")), int)
+        and not isinstance(n, bool)
+        and n > 0
     ]
     return tuple(m["id"] for m in entries), min(lengths, default=None)
+
+
+def _meta(entry: dict[str, object]) -> dict[str, object]:
+    meta = entry.get("meta")
+    return meta if isinstance(meta, dict) else {}
