@@ -68,14 +68,26 @@ async def resolve_model(session: aiohttp.ClientSession, target: str) -> str:
 
 
 async def target_calibration(session: aiohttp.ClientSession, target: str) -> Calibration:
-    """Fit synthesis to the target's ``/tokenize``; the documented rule if it has none."""
-    url = target.rstrip("/") + "/tokenize"
+    """Fit synthesis to the target's ``/tokenize``; the documented rule if it has none.
+
+    vLLM's (and the emulator's) ``/tokenize`` counts chat ``messages``; llama.cpp's takes only
+    text (``content``) and answers a ``tokens`` list, so there the chat template is rendered
+    by its ``/apply-template`` first.
+    """
+    base = target.rstrip("/")
+
+    async def post(path: str, body: dict[str, Any]) -> Any:
+        async with session.post(base + path, json=body) as r:
+            if r.status != 200:
+                raise ValueError(f"{path} answered {r.status}")
+            return await r.json()
 
     async def count(messages: list[dict[str, Any]]) -> int:
-        async with session.post(url, json={"messages": messages}) as r:
-            if r.status != 200:
-                raise ValueError(f"/tokenize answered {r.status}")
-            return int((await r.json())["count"])
+        doc = await post("/tokenize", {"messages": messages})
+        if "count" in doc:
+            return int(doc["count"])
+        prompt = (await post("/apply-template", {"messages": messages}))["prompt"]
+        return len((await post("/tokenize", {"content": prompt, "add_special": True}))["tokens"])
 
     try:
         return await calibrate(count)
