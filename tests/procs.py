@@ -58,17 +58,22 @@ def start_process(
         drain.start()
         yield Process(url=url, proc=proc)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(grace)
+        stop(proc, grace)
         if drain is not None:
             drain.join(grace)  # EOF follows the exit; join before closing the pipe
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """Terminate ``proc`` if it still runs; kill it if it has not exited after ``grace`` s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(grace)
 
 
 def _copy_to_stderr(proc: subprocess.Popen[bytes], lines: list[str] | None) -> None:
