@@ -138,7 +138,8 @@ class Simulation:
             if b.deadline is None or b.deadline > until:
                 continue
             scale = b.scale
-            for seq in b.engine.advance(until * scale):
+            # at least to its own next event, exactly (``until`` may be that event, scaled)
+            for seq in b.engine.advance(max(until * scale, b.engine_deadline)):
                 f = flights[seq]
                 if f.first is None and seq.first_token_at is not None:
                     f.first = seq.first_token_at / scale

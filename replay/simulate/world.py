@@ -35,6 +35,8 @@ class Backend:
     seed: int
     deadline: float | None = None
     """The engine's next event in virtual seconds, as last asked."""
+    engine_deadline: float = 0.0
+    """The same in engine seconds (a round trip through the time scale may not return it)."""
 
     def scrape(self) -> None:
         """What the router reads from the engine's /metrics (vLLM's names)."""
@@ -45,6 +47,7 @@ class Backend:
         """Ask the engine for its next event (virtual seconds) and remember it."""
         t = self.engine.next_deadline()
         self.deadline = None if t is None else t / self.scale
+        self.engine_deadline = t or 0.0
         return self.deadline
 
 

@@ -16,7 +16,7 @@ from replay.simulate.loop import Simulation
 from replay.simulate.world import World
 from replay.sources import Item, Source
 from router.cli import default_config_path
-from router.config.parse import load_config
+from router.config.parse import load_document, parse_config
 from tests.procs import run_replay, start_emulator
 from tests.replay.test_simulate import Recorder, recorder_config
 
@@ -27,8 +27,14 @@ def _write(tmp_path: Path, rows: list[dict[str, Any]], name: str = "t.jsonl") ->
     return path
 
 
-def _simulate(path: Path, sessions: str = "auto") -> tuple[World, dict[str, tuple[Result, float]]]:
-    world = World(load_config(default_config_path()), {})
+def _simulate(
+    path: Path, sessions: str = "auto", time_scale: float = 1.0
+) -> tuple[World, dict[str, tuple[Result, float]]]:
+    doc = load_document(default_config_path())
+    assert isinstance(doc, dict)
+    for b in doc["backends"]:
+        b["emulator"]["time_scale"] = time_scale
+    world = World(parse_config(doc), {})
     out: dict[str, tuple[Result, float]] = {}
 
     def record(item: Item, r: Result, sent: float) -> None:
@@ -81,6 +87,16 @@ def test_simulated_turns_wait_for_the_answer_and_carry_the_history(tmp_path: Pat
     # turn 2 found turn 1's prompt and answer in the engine's prefix cache
     engine = world.by_name["vllm"].engine
     assert engine.prefix_cache_hits >= (2000 + 300) // 16 * 16 - 16
+
+
+def test_scaled_engines_keep_session_timing(tmp_path: Path) -> None:
+    # emulators at time scale 3 answer three times sooner; a turn still follows its answer
+    _, out = _simulate(_write(tmp_path, CONVERSATION), time_scale=3.0)
+    (r1, s1), (_, s2) = out["mooncake-0"], out["mooncake-2"]
+    _, slow = _simulate(_write(tmp_path, CONVERSATION, "slow.jsonl"))
+    assert r1.e2e is not None and slow["mooncake-0"][0].e2e is not None
+    assert r1.e2e == pytest.approx(slow["mooncake-0"][0].e2e / 3.0, rel=0.05)
+    assert s2 == pytest.approx(max(0.2, s1 + r1.e2e))
 
 
 def test_sessions_off_and_inferred(tmp_path: Path) -> None:
