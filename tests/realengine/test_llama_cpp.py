@@ -269,7 +269,9 @@ def test_client_closing_mid_stream_frees_the_slot(
     assert 'code="499"' in get(router.url + "/metrics").text
 
 
-def test_engine_kind_detected_from_metric_names(emu: Process, tmp_path: Path) -> None:
+def test_unknown_kind_read_by_its_series_and_a_killed_engine_fails_over(
+    emu: Process, tmp_path: Path
+) -> None:
     # its own llama-server, so the kill in the failover test below leaves the module's alone
     with start_llama_server(slots=2) as server:
         doc = router_config(server.url, emu.url, engine="llama-cpp-by-another-name")
