@@ -261,25 +261,31 @@ class AdaptivePolicy:
             return low[0]  # nothing else can serve it; still mark it low priority
         if not spill.enabled:
             return None
-        if any(c.inflight < spill.min_high_inflight for c in high):
+        if any(c.inflight < spill.min_high_inflight or not _queueing(c) for c in high):
             return None  # the high-throughput pool still has room of its own: no borrowing
+        # Finish times from measurement only. The home pool's is its observed batch pace
+        # (end-to-end seconds per output token, queueing and prefill included): until it has
+        # finished a batch request nothing is borrowed. A low-TTFT replica's is its own
+        # observed batch pace once a spilled request has finished there; before that it takes
+        # one probe at a time, and only if its TTFT and TPOT learned from interactive streams
+        # say the probe would finish sooner, so it is measured within the first few spills.
+        paces = [self.pace.pace(c.name) for c in high]
+        if any(p is None for p in paces):
+            return None
         out = req.expected_output_tokens
-
-        def finish_high(c: Candidate) -> float:
-            # The home pool serves batch all the time: its observed pace is the freshest
-            # truth. The low-TTFT pool serves interactive streams all the time: its learned
-            # TPOT is, so a spill is judged by the model below.
-            pace = self.pace.pace(c.name)
-            return (
-                pace * out if pace is not None else predicted[c.name] + out * self.tpot.tpot(c.name)
-            )
-
-        best_high = min(finish_high(c) for c in high)
+        best_high = min(p for p in paces if p is not None) * out
         slo_ttft = self.settings.slo["interactive"].ttft_s
         for c in low:
             if c.saturated or self.spilled(c.name) >= self.governor.allowed:
                 continue
-            if predicted[c.name] + out * self.tpot.tpot(c.name) >= best_high:
+            pace = self.pace.pace(c.name)
+            if pace is None:
+                if self.spilled(c.name) or not self.tpot.measured(c.name):
+                    continue  # its probe is still running, or nothing measured yet
+                finish = predicted[c.name] + out * self.tpot.tpot(c.name)
+            else:
+                finish = pace * out
+            if finish >= best_high:
                 continue
             own = (
                 min(req.prompt_tokens, spill.priority_prefill_tokens)
@@ -320,6 +326,11 @@ class AdaptivePolicy:
             request_id, _ = records.popitem(last=False)
             del self._where[request_id]
 
+    def prediction_error(self) -> dict[str, float]:
+        """Per backend, the TTFT predictor's mean absolute percentage error (a ratio) over
+        its recent streamed requests (see :meth:`TtftPredictor.error`)."""
+        return self.predictor.error()
+
     def spilled(self, backend: str) -> int:
         """Spilled batch requests currently open on ``backend`` (for debugging endpoints)."""
         return len(self._spills.get(backend, ()))
@@ -344,6 +355,13 @@ class AdaptivePolicy:
             self.typical_prompt += _PROMPT_ALPHA * (req.prompt_tokens - self.typical_prompt)
         if self.engines.get(group_of(backend)) in self.settings.low_ttft:
             self.governor.record(self.settings.slo["interactive"].met(outcome))
+
+
+def _queueing(c: Candidate) -> bool:
+    """Whether ``c`` has requests waiting for prefill (by a fresh scrape; without one, the
+    router's in-flight count is all there is, so it may)."""
+    load = c.load
+    return load is None or load.stale or load.waiting is None or load.waiting > 0
 
 
 _DEFAULT_SLO: tuple[tuple[RequestClass, Slo], ...] = (

@@ -63,6 +63,17 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class ReportsError(Protocol):
+    """A policy that predicts per backend and measures how wrong it was (exported as a
+    metric per policy and backend)."""
+
+    def prediction_error(self) -> Mapping[str, float]:
+        """Backend name -> mean absolute percentage error of its recent predictions (a
+        ratio); backends without any are absent."""
+        ...
+
+
+@runtime_checkable
 class Judged(Protocol):
     """A policy that declares SLO targets per class; the router counts goodput by them."""
 

@@ -18,7 +18,7 @@ output token of batch work, streamed or not).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -51,6 +51,9 @@ class _Rate:
         return self.tokens / self.seconds
 
 
+# The prediction error is the mean over each backend's last this many observed TTFTs.
+ERROR_WINDOW = 200
+
 # The prior counts as much as one observed tenth of a second of prefill: enough to steer the
 # first decisions, little enough that a few real observations outweigh it.
 PRIOR_SECONDS = 0.1
@@ -73,7 +76,10 @@ class TtftPredictor:
     alpha: float = 0.1
     pending_limit: int = 10_000
     _rates: dict[str, _Rate] = field(init=False)
-    _pending: OrderedDict[str, dict[str, float]] = field(default_factory=OrderedDict)
+    _pending: OrderedDict[str, dict[str, tuple[float, float]]] = field(default_factory=OrderedDict)
+    """Request id -> per backend, the queue estimate and the TTFT predicted from it."""
+    _errors: dict[str, deque[float]] = field(default_factory=dict)
+    """Per backend, the absolute percentage errors of its last predictions."""
 
     def __post_init__(self) -> None:
         self._rates = {
@@ -96,14 +102,25 @@ class TtftPredictor:
         return (ahead_tokens + prompt_tokens) / self._rate(backend).per_s
 
     def note(self, req: RequestInfo, ahead: Mapping[str, float]) -> None:
-        """Remember the queue estimates made for ``req`` (per backend) until it finishes."""
-        self._pending[req.request_id] = dict(ahead)
+        """Remember the queue estimates made for ``req`` (per backend), and the TTFT each
+        predicts, until it finishes."""
+        prompt = req.prompt_tokens
+        self._pending[req.request_id] = {
+            b: (a, self.predict(b, a, prompt)) for b, a in ahead.items()
+        }
         while len(self._pending) > self.pending_limit:
             self._pending.popitem(last=False)
 
     def forget(self, backend: str) -> None:
         """Drop what was learned of ``backend`` (see :class:`policies.base.Forgets`)."""
         self._rates.pop(backend, None)
+        self._errors.pop(backend, None)
+
+    def error(self) -> dict[str, float]:
+        """Per backend, the mean absolute percentage error (a ratio: 0.1 is 10%) of the TTFT
+        predicted at decision time against the TTFT observed, over its last
+        ``ERROR_WINDOW`` streamed requests; backends without any are absent."""
+        return {b: sum(e) / len(e) for b, e in self._errors.items() if e}
 
     def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn from a finished request.
@@ -111,7 +128,7 @@ class TtftPredictor:
         Failed and non-streamed requests teach nothing: a non-streamed response arrives
         whole, so its "first token" time includes the whole generation.
         """
-        ahead = self._pending.pop(req.request_id, {}).get(backend, 0.0)
+        ahead, predicted = self._pending.pop(req.request_id, {}).get(backend, (0.0, None))
         ttft = outcome.ttft_s
         if not req.stream or not outcome.ok or ttft is None or ttft <= 0:
             return
@@ -119,6 +136,9 @@ class TtftPredictor:
         tokens = ahead + (req.prompt_tokens or outcome.prompt_tokens)
         if tokens <= 0:
             return
+        if predicted is not None:
+            errors = self._errors.setdefault(backend, deque(maxlen=ERROR_WINDOW))
+            errors.append(abs(predicted - ttft) / ttft)
         rate = self._rate(backend)
         rate.tokens = (1 - self.alpha) * rate.tokens + self.alpha * tokens
         rate.seconds = (1 - self.alpha) * rate.seconds + self.alpha * ttft
@@ -136,6 +156,7 @@ class TpotTracker:
     default_prior: float = 0.01
     alpha: float = 0.1
     _tpot: dict[str, float] = field(init=False)
+    _learned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._tpot = dict(self.priors)
@@ -146,8 +167,13 @@ class TpotTracker:
         tpot = self._tpot.get(backend)
         return tpot if tpot is not None else self.priors.get(group_of(backend), self.default_prior)
 
+    def measured(self, backend: str) -> bool:
+        """Whether any outcome of ``backend`` has been learned from (not the prior alone)."""
+        return backend in self._learned
+
     def forget(self, backend: str) -> None:
         self._tpot.pop(backend, None)
+        self._learned.discard(backend)
 
     def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn from a finished streamed request that produced at least two tokens."""
@@ -155,6 +181,7 @@ class TpotTracker:
             return
         old = self.tpot(backend)
         self._tpot[backend] = old + self.alpha * (outcome.tpot_s - old)
+        self._learned.add(backend)
 
 
 @dataclass(slots=True)

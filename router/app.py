@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from policies.base import Forgets, Policy
+from policies.base import Forgets, Policy, ReportsError
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
 from policies.types import REQUEST_CLASSES, Endpoint
 from router.backends.fleet import Fleet, Resolver, resolve_dns
@@ -112,6 +112,10 @@ def build_app(
     )
     for cls in REQUEST_CLASSES:
         metrics.watch_queue(cls, partial(state.admission.waiting, cls))
+    for name, policy in policies.items():
+        if isinstance(policy, ReportsError):
+            for b in config.backends:
+                metrics.watch_prediction_error(name, b.name, partial(_error, state, name, b.name))
     # Bodies are size-checked by the handler so that the 413 is OpenAI-shaped.
     guards = [_errors, single_headers, admin_only(lambda: state.gate)]
     app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=guards)
@@ -127,6 +131,15 @@ def build_app(
         )
         app.router.add_post("/switchyard/reload", reloader.handle)
     return app
+
+
+def _error(state: RouterState, policy: str, backend: str) -> float:
+    """The policy's prediction error for the backend, read from the live policy (a reload may
+    have rebuilt it); NaN before it has one."""
+    current = state.policies.get(policy)
+    if not isinstance(current, ReportsError):
+        return float("nan")
+    return current.prediction_error().get(backend, float("nan"))
 
 
 def _watch(metrics: Metrics, backend: BackendState) -> None:

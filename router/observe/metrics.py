@@ -226,6 +226,14 @@ class Metrics:
             ["policy", "class"],
             registry=r,
         )
+        self._prediction_error = Gauge(
+            "switchyard_policy_ttft_prediction_error_ratio",
+            "Mean absolute percentage error (a ratio) of the TTFT a policy predicted for a "
+            "backend against the TTFT observed, over its recent streamed requests.",
+            ["policy", "backend"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self._queued = Gauge(
             "switchyard_admission_queue_length",
             "Requests waiting for a backend slot (every eligible backend saturated).",
@@ -384,6 +392,10 @@ class Metrics:
     def watch_queue(self, request_class: str, waiting: Callable[[], float]) -> None:
         """Read a class's admission queue length from live state at scrape time."""
         self._watch(self._queued.labels(request_class), waiting)
+
+    def watch_prediction_error(self, policy: str, backend: str, read: Callable[[], float]) -> None:
+        """Read a policy's own TTFT prediction error for a backend at scrape time."""
+        self._watch(self._prediction_error.labels(policy, backend), read)
 
     def _watch(self, gauge: Gauge, read: Callable[[], float]) -> None:
         if self._exposed is self.registry:

@@ -62,6 +62,18 @@ def batch(rid: str = "b", prompt: int = 8000) -> RequestInfo:
     return make_request("batch", request_id=rid, prompt_tokens=prompt, max_tokens=768, stream=False)
 
 
+def measured(
+    policy: AdaptivePolicy, deepinfer_pace: float = 0.011, vllm_pace: float | None = 0.010
+) -> AdaptivePolicy:
+    """Feed ``policy`` one finished batch request per engine (seconds per output token end
+    to end), so its spill rule has measured finish times to compare (it spills on no prior)."""
+    for name, pace in (("deepinfer", deepinfer_pace), ("vllm", vllm_pace)):
+        if pace is not None:
+            done = batch(f"warm-{name}")
+            policy.on_finish(done, name, Outcome(200, True, 8000, 800, e2e_s=pace * 800))
+    return policy
+
+
 @pytest.mark.parametrize(
     ("vllm", "deepinfer", "expected"),
     [
@@ -96,46 +108,77 @@ def test_interactive(vllm: int, deepinfer: int, expected: tuple[str, ...]) -> No
 def test_batch_spill(
     capable: bool, vllm: int, deepinfer: int, prompt: int, head: str, priority: int | None
 ) -> None:
-    policy = build(capable=capable)
+    policy = measured(build(capable=capable))
     decision = policy.choose(batch(prompt=prompt), snap(vllm, deepinfer, capable=capable))
     assert decision.ranked[0] == head
     assert set(decision.ranked) == {"vllm", "deepinfer"}
     assert decision.priority == priority
 
 
-def test_no_spill_while_the_low_ttft_engine_decodes_slowly() -> None:
-    policy = build({**PARAMS, "tpot_prior_s": {"vllm": 0.012, "deepinfer": 0.007}})
-    # finish on vllm: 8k / 40k + 768 x 12 ms = 9.4 s; on deepinfer (100k + 8k) / 20k + 768 x 7 ms
-    # = 10.8 s: spill
-    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"
-    # interactive streams on vllm now see 40 ms per token: 0.2 + 768 x 40 ms = 31 s there
+def test_spill_only_on_measured_finish_times() -> None:
+    policy = build({**PARAMS, "tpot_prior_s": {"vllm": 0.001, "deepinfer": 0.05}})
+    # the priors say vllm finishes a batch request 50x sooner, but nothing is measured yet
+    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    # deepinfer's pace is measured (11 ms per output token end to end: 8.4 s for 768), vllm
+    # has no TPOT from a stream yet: still no probe on the prior alone
+    measured(policy, vllm_pace=None)
+    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    # interactive streams on vllm show 40 ms per token: 0.2 + 768 x 40 ms = 31 s there
     for i in range(30):
         req = interactive(f"i{i}")
         policy.on_finish(
-            req, "vllm", Outcome(200, True, prompt_tokens=1000, ttft_s=0.1, tpot_s=0.04)
+            req, "vllm", Outcome(200, True, prompt_tokens=1000, ttft_s=0.025, tpot_s=0.04)
         )
     assert policy.tpot.tpot("vllm") == pytest.approx(0.04, rel=0.05)
-    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    assert policy.choose(batch("b2"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    # now 5 ms: 0.2 + 3.8 s beats 8.4 s, so one probe goes, and only one until it finishes
+    for i in range(60):
+        req = interactive(f"j{i}")
+        policy.on_finish(
+            req, "vllm", Outcome(200, True, prompt_tokens=1000, ttft_s=0.025, tpot_s=0.005)
+        )
+    assert policy.choose(batch("b3"), snap(0, 100_000)).ranked[0] == "vllm"
+    cands = snap(8000, 100_000, vllm_inflight=1)
+    assert policy.choose(batch("b4"), cands).ranked[0] == "deepinfer"
+    # the probe took 20 ms per token there (slower than deepinfer): no more spills, whatever
+    # the streams' TPOT says
+    policy.on_finish(batch("b3"), "vllm", Outcome(200, True, 8000, 768, e2e_s=0.02 * 768))
+    assert policy.choose(batch("b5"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    # a measured 8 ms per token there beats deepinfer's 11: spill again, up to the limit
+    for _ in range(30):
+        policy.on_finish(batch("b6"), "vllm", Outcome(200, True, 8000, 768, e2e_s=0.008 * 768))
+    assert policy.choose(batch("b7"), snap(0, 100_000)).ranked[0] == "vllm"
+    assert policy.choose(batch("b8"), snap(8000, 100_000, vllm_inflight=1)).ranked[0] == "vllm"
+
+
+def test_no_spill_while_the_home_pool_has_no_queue() -> None:
+    policy = measured(build())
     # the high-throughput engine with idle room of its own takes batch work itself
     params = {**PARAMS, "spill": {"min_high_inflight": 2}}
-    assert build(params).choose(batch("b2"), snap(0, 50_000)).ranked[0] == "deepinfer"
+    assert measured(build(params)).choose(batch("b2"), snap(0, 50_000)).ranked[0] == "deepinfer"
+    # a fresh scrape says nothing waits for prefill on deepinfer: no borrowing either
+    idle = make_candidate("deepinfer", prompt_tokens=50_000, inflight=6, waiting=0)
+    busy = make_candidate("deepinfer", prompt_tokens=50_000, inflight=6, waiting=2)
+    vllm = make_candidate("vllm", prompt_tokens=0, inflight=0, priority_capable=True)
+    assert policy.choose(batch("b0"), [vllm, idle]).ranked[0] == "deepinfer"
+    assert policy.choose(batch("b1"), [vllm, busy]).ranked[0] == "vllm"
 
 
-def test_observed_batch_pace_of_the_home_pool_beats_the_model() -> None:
-    policy = build({**PARAMS, "tpot_prior_s": {"vllm": 0.012, "deepinfer": 0.007}})
-    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"  # model: 10.8 s vs 9.4
+def test_the_home_pools_measured_pace_decides() -> None:
+    policy = measured(build())
+    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"  # 10 ms vs 11
     # deepinfer actually turns batch requests round at 5 ms per output token: 768 x 5 ms = 3.8 s
-    for i in range(5):
+    for i in range(30):
         done = batch(f"d{i}")
         policy.on_finish(done, "deepinfer", Outcome(200, True, 8000, 800, ttft_s=4.0, e2e_s=4.0))
-    assert policy.pace.pace("deepinfer") == pytest.approx(0.005)
+    assert policy.pace.pace("deepinfer") == pytest.approx(0.005, rel=0.06)
     assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # failed requests, interactive ones and empty outputs say nothing about the batch pace
+    before = policy.pace.pace("deepinfer")
     policy.on_finish(batch("x"), "deepinfer", Outcome(502, False, e2e_s=99.0))
     policy.on_finish(interactive("y"), "deepinfer", Outcome(200, True, 1000, 10, e2e_s=99.0))
     policy.on_finish(batch("z"), "deepinfer", Outcome(200, True, 8000, 0, e2e_s=99.0))
-    assert policy.pace.pace("deepinfer") == pytest.approx(0.005)
-    assert policy.pace.pace("vllm") is None
+    assert policy.pace.pace("deepinfer") == before
 
 
 def test_spill_disabled() -> None:
@@ -145,7 +188,7 @@ def test_spill_disabled() -> None:
 
 
 def test_spill_slots_are_bounded_and_released_on_finish() -> None:
-    policy = build()
+    policy = measured(build())
 
     def head(rid: str) -> str:
         # the router's view: every open spilled request is in flight on vllm
@@ -168,7 +211,7 @@ def test_spill_slots_are_bounded_and_released_on_finish() -> None:
 
 
 def test_spill_records_never_outlive_the_routers_inflight_count() -> None:
-    policy = build()
+    policy = measured(build())
     for i in range(2):
         policy.choose(batch(f"b{i}"), snap(8000 * i, 50_000, vllm_inflight=i))
     assert policy.spilled("vllm") == 2
@@ -183,7 +226,7 @@ def test_spill_records_never_outlive_the_routers_inflight_count() -> None:
 def test_interactive_jumps_spilled_batch_only_on_priority_capable_replicas() -> None:
     params = {**PARAMS, "spill": {"max_inflight": 2, "initial_inflight": 2, "headroom": 1.0}}
     for capable, head in ((True, "vllm"), (False, "deepinfer")):
-        policy = build(params, capable=capable)
+        policy = measured(build(params, capable=capable))
         for i in range(2):
             cands = snap(8000 * i, 50_000, capable=capable, vllm_inflight=i)
             assert policy.choose(batch(f"b{i}"), cands).ranked[0] == "vllm"

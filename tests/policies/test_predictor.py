@@ -115,3 +115,23 @@ def test_tpot_tracker_follows_streamed_outcomes_only() -> None:
     tracker.observe(streamed, "vllm", Outcome(500, False, tpot_s=1.0))
     tracker.observe(streamed, "vllm", Outcome(200, True, tpot_s=None))
     assert tracker.tpot("vllm") == pytest.approx(0.022)
+
+
+def test_publishes_its_own_error_per_backend() -> None:
+    predictor = TtftPredictor({"e": 2_000.0, "f": 1_000.0}, alpha=0.2)
+    assert predictor.error() == {}
+    errors = []
+    for i in range(60):  # e prefills 4k tokens/s behind 1k queued; the prior says 2k
+        req = make_request(request_id=f"r{i}", prompt_tokens=1000)
+        predictor.note(req, {"e": 1000.0, "f": 0.0})
+        predicted = predictor.predict("e", 1000.0, 1000)
+        predictor.observe(req, "e", Outcome(200, True, ttft_s=0.5))
+        errors.append(abs(predicted - 0.5) / 0.5)
+    error = predictor.error()
+    assert error.keys() == {"e"}  # f served nothing: no error to speak of
+    # the mean over its observations, as predicted at decision time: the first was 100% off
+    assert errors[0] == pytest.approx(1.0)
+    assert error["e"] == pytest.approx(sum(errors) / len(errors))
+    assert 0.01 < error["e"] < 0.2
+    predictor.forget("e")
+    assert predictor.error() == {}
