@@ -146,8 +146,12 @@ class Executor:
                 if failures & (failures - 1) == 0:
                     log.exception("batch executor turn failed (%d in a row)", failures)
             self._wake.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns normally when the wake
+            # comes in the same turn as a cancel (a line ending while aclose cancels this
+            # loop), swallowing the cancel, and aclose then waited on this loop forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), pause)
+                async with asyncio.timeout(pause):
+                    await self._wake.wait()
 
     async def _turn(self) -> None:
         now = time.time()
@@ -175,6 +179,8 @@ class Executor:
 
     async def _take(self, batch: BatchRow, now: float) -> bool:
         """Start lines of ``batch`` as the window allows; True when it wanted more."""
+        if self._site.draining:
+            return False
         free = self._pacer.window - len(self._running)
         if free <= 0:
             return True

@@ -53,6 +53,12 @@ class LineSite:
         await web.SockSite(self._runner, sock).start()
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
 
+    @property
+    def draining(self) -> bool:
+        """The router is draining: take no new lines (a running one finishes or is cut, and
+        given back, at the drain's deadline), so a batch does not hold the exit to it."""
+        return self._state.drain.draining
+
     async def aclose(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()

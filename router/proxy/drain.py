@@ -69,11 +69,13 @@ class Ticket:
 class Drain:
     """The requests open in one router process (one set add and discard per request)."""
 
-    __slots__ = ("_idle", "_open", "cutting")
+    __slots__ = ("_idle", "_open", "cutting", "draining")
 
     def __init__(self) -> None:
         self._open: set[Ticket] = set()
         self._idle: asyncio.Event | None = None
+        self.draining = False
+        """SIGTERM came: work the router starts itself (batch lines) is no longer started."""
         self.cutting = False
         """Past the deadline: a request that still arrives is refused at once."""
 
@@ -100,6 +102,7 @@ class Drain:
         :data:`CUT_GRACE` and twice :data:`CLOSE_SECONDS`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
+        self.draining = True
         for site in runner.sites:
             await site.stop()  # closes the listening socket: new connections are refused
         if runner.server is not None:
