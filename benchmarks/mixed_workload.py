@@ -1,5 +1,15 @@
 """Mixed interactive + batch traffic through the embedded default, once per policy.
 
+``--grid`` (issue 17): the whole grid in virtual time through ``replay simulate``'s loop
+(benchmarks/mixed_sim.py) at the shipped time scale, batch workers x interactive rate x run
+length, each cell's round-robin, class-split and adaptive figures, adaptive's TTFT
+prediction error and the verdict; then a live spot check of three cells against the real
+embedded default (time-scaled), with the error read from the router's /metrics::
+
+    .venv/bin/python -m benchmarks.mixed_workload --grid [--live-time-scale 5]
+
+Without ``--grid``, the live comparison of every policy at two load levels:
+
 For each interactive load level and each policy a fresh embedded default is started (the
 router and its two emulated engines, ``vllm`` and ``deepinfer``, time-scaled so the whole
 benchmark takes a few minutes), then, for ``--duration`` model seconds:
@@ -23,11 +33,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +50,10 @@ import orjson
 import uvloop
 import yaml
 
+from benchmarks.mixed_sim import COMPARED, HEADER, Cell, Figures, row, run_cell
 from common.sse import StreamMeter
 from policies.types import Outcome, Slo
+from router.config.parse import load_document, parse_config
 from router.server.children import spawn_ready, stop_all
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -315,6 +329,64 @@ def print_targets(
     return all(ok for _, ok in checks)
 
 
+_ERROR = re.compile(
+    r'^switchyard_policy_ttft_prediction_error_ratio\{backend="([^"]+)",policy="adaptive"\} (\S+)$',
+    re.M,
+)
+
+
+def live_cell(config: Mapping[str, Any], cell: Cell, slo: Slo, args: argparse.Namespace) -> str:
+    """One cell against the real embedded default, each policy on a fresh router."""
+    run_args = argparse.Namespace(
+        time_scale=args.live_time_scale,
+        duration=cell.duration,
+        seed=args.seed,
+        batch_concurrency=cell.workers,
+    )
+    figs: dict[str, Figures] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for policy in COMPARED:
+            proc, url = start_router(config, Path(tmp))
+            try:
+                run = uvloop.run(workload(url, policy, cell.rate, run_args))
+                text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+            finally:
+                stop(proc)
+            i = summarize(run, "interactive", slo, cell.duration)
+            b = summarize(run, "batch", slo, cell.duration)
+            mape = {m[1]: float(m[2]) for m in _ERROR.finditer(text) if m[2] != "NaN"}
+            figs[policy] = Figures(i.p95_ttft, i.attainment, b.tokens_per_s, b.on_vllm, b.n, mape)
+    return row(cell, figs, slo.ttft_s, "  (live)")
+
+
+def grid(args: argparse.Namespace) -> int:
+    """The virtual-time grid, then the live spot check; 0 when no cell misses."""
+    base = parse_config(load_document(str(args.config)))
+    slo = config_slos(args.config)["interactive"]
+    print(f"virtual time, shipped time scale; interactive SLO TTFT {slo.ttft_s:g} s; P95 TTFT "
+          "in s, batch output tok/s; x cs: adaptive's batch over class-split's")  # fmt: skip
+    print(HEADER, flush=True)
+    lines = []
+    for duration in args.durations:
+        for workers in args.workers:
+            for rate in args.rates:
+                cell = Cell(workers, rate, duration, args.seed)
+                figs = {p: run_cell(base, p, cell, slo) for p in COMPARED}
+                lines.append(row(cell, figs, slo.ttft_s))
+                print(lines[-1], flush=True)
+    if args.live_cells:
+        config = scaled_config(args.config, args.live_time_scale, args.seed)
+        print(f"live spot check, time scale {args.live_time_scale:g}:")
+        for spec in args.live_cells:
+            workers, rate, duration = spec.split(":")
+            cell = Cell(int(workers), float(rate), float(duration), args.seed)
+            lines.append(live_cell(config, cell, slo, args))
+            print(lines[-1], flush=True)
+    missed = [line for line in lines if "DOMINATED" in line or "MISSED" in line or "MAPE" in line]
+    print(f"{len(missed)} of {len(lines)} cells miss")
+    return 1 if missed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -326,7 +398,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
     p.add_argument("--levels", nargs="+", default=["light", "heavy"], choices=["light", "heavy"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grid", action="store_true", help="issue 17's grid (see the docstring)")
+    p.add_argument("--workers", nargs="+", type=int, default=[4, 12, 32, 64])
+    p.add_argument("--rates", nargs="+", type=float, default=[0.5, 2.0, 8.0])
+    p.add_argument("--durations", nargs="+", type=float, default=[60.0, 300.0])
+    p.add_argument("--live-time-scale", type=float, default=5.0)
+    p.add_argument(
+        "--live-cells",
+        nargs="*",
+        default=["12:2:60", "32:0.5:60", "64:8:60"],
+        metavar="WORKERS:RATE:SECONDS",
+    )
     args = p.parse_args(argv)
+    if args.grid:
+        return grid(args)
     slo = config_slos(args.config)
     config = scaled_config(args.config, args.time_scale, args.seed)
     print(f"time scale {args.time_scale:g}, {args.duration:g} model s per run, batch closed "

@@ -72,7 +72,14 @@ class Simulation:
     """Runs ``policy`` over a schedule in ``world``; reports each request to ``on_result``."""
 
     def __init__(
-        self, world: World, policy: Policy, label: str, on_result: OnResult, *, salt: int = 0
+        self,
+        world: World,
+        policy: Policy,
+        label: str,
+        on_result: OnResult,
+        *,
+        salt: int = 0,
+        closed_loop: bool = False,
     ) -> None:
         self.world = world
         self.prompts = Prompts(salt)
@@ -87,6 +94,12 @@ class Simulation:
         self._model = world.model()
         self.events = 0
         """Router moments (arrivals and scrapes) simulated."""
+        self._closed_loop = closed_loop
+
+    def follow(self, planned: Planned) -> None:
+        """Schedule a closed-loop source's next request (from ``on_result``, at or after the
+        answer's time; needs ``closed_loop=True`` so engines run one event at a time)."""
+        heapq.heappush(self._ready, (planned.at, planned.item.row, planned))
 
     def run(self, plan: Iterable[Planned], *, start: float = 0.0) -> float:
         """Serve the whole schedule and every answer; returns the virtual end time.
@@ -131,7 +144,7 @@ class Simulation:
         ended: list[tuple[float, int, Flight, Sequence]] = []
         flights = self.flights
         target = until
-        if self._queued:
+        if self._queued or self._closed_loop:  # an answer may release a request before then
             due = [b.deadline for b in self.world.backends if b.deadline is not None]
             until = min([until, *due])
         for b in self.world.backends:
