@@ -68,6 +68,7 @@ class SpillSettings:
     window: int = 50
     priority: int = 10
     priority_prefill_tokens: int = 2048
+    pace_margin: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +274,9 @@ class AdaptivePolicy:
         if any(p is None for p in paces):
             return None
         out = req.expected_output_tokens
-        best_high = min(p for p in paces if p is not None) * out
+        # A spill also shortens the home pool's queue for the requests left there, which its
+        # measured pace does not show yet: ``pace_margin`` credits that.
+        best_high = min(p for p in paces if p is not None) * out * spill.pace_margin
         slo_ttft = self.settings.slo["interactive"].ttft_s
         for c in low:
             if c.saturated or self.spilled(c.name) >= self.governor.allowed:
@@ -392,6 +395,7 @@ def _spill(p: Reader) -> SpillSettings:
         priority_prefill_tokens=p.integer(
             "priority_prefill_tokens", d.priority_prefill_tokens, low=1
         ),
+        pace_margin=p.number("pace_margin", d.pace_margin, low=1.0, high=2.0),
     )
     p.done()
     return s

@@ -407,3 +407,16 @@ def test_config_errors(params: dict[str, object], errors: list[tuple[str, str]])
 def test_prefill_prior_as_one_number() -> None:
     policy = build({**PARAMS, "prefill_rate_prior": 12_345})
     assert policy.predictor.rate("vllm") == policy.predictor.rate("deepinfer") == 12_345
+
+
+def test_pace_margin_credits_the_home_pools_shorter_queue() -> None:
+    # vllm measured at 12 ms per output token end to end, deepinfer at 11: vllm is slower
+    strict = measured(build(), deepinfer_pace=0.011, vllm_pace=0.012)
+    assert strict.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    # within 1.2x of deepinfer's pace, the spill still pays: deepinfer's queue shortens
+    params = {**PARAMS, "spill": {**PARAMS["spill"], "pace_margin": 1.2}}  # type: ignore[dict-item]
+    lenient = measured(build(params), deepinfer_pace=0.011, vllm_pace=0.012)
+    assert lenient.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"
+    # but not beyond it
+    far = measured(build(params), deepinfer_pace=0.011, vllm_pace=0.014)
+    assert far.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"
