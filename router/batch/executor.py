@@ -36,6 +36,7 @@ from router.batch.metrics import BatchMetrics
 from router.batch.pacing import Pacer
 from router.batch.store import BatchRow, BatchStatus, BatchStore, FileRow, Finished, Line
 from router.config.model import BatchSettings
+from router.server.ids import usable_id
 
 TICK = 0.5
 """Seconds between two looks at the store when nothing happens."""
@@ -48,7 +49,6 @@ RETRY_PAUSE = 1.0
 _RETRY_ALWAYS = frozenset({429, 503})
 _INTERNAL = "The router failed to run this line."
 _EXPIRED = "This line was not run before the batch's completion window ended."
-MAX_ID_HEADER = 256
 log = logging.getLogger("router")
 
 
@@ -58,10 +58,9 @@ def new_id(prefix: str) -> str:
 
 def request_id(batch_id: str, line: Line) -> str:
     """The line's ``X-Request-Id`` (so its capture line's ``custom_id``): the custom_id, when
-    it can be a header value (printable ASCII, at most :data:`MAX_ID_HEADER` characters);
-    else ``<batch id>-<line index>``."""
+    it is usable as one (router.server.ids.usable_id); else ``<batch id>-<line index>``."""
     cid = line.custom_id
-    if len(cid) <= MAX_ID_HEADER and cid.isascii() and cid.isprintable():
+    if usable_id(cid):
         return cid
     return f"{batch_id}-{line.idx}"
 

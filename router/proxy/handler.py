@@ -34,7 +34,7 @@ from router.proxy.upstream import (
     open_upstream,
 )
 from router.server.errors import RouterError, error_response
-from router.server.ids import new_request_id
+from router.server.ids import request_id
 from router.server.site import read_body
 
 PATHS: dict[Endpoint, str] = {
@@ -54,7 +54,7 @@ async def handle(
 ) -> web.StreamResponse:
     """Serve one OpenAI request end to end; the only writer of its :class:`Exchange`."""
     now = time.monotonic()
-    rid = request.headers.get("X-Request-Id") or new_request_id()
+    rid = request_id(request.headers.get("X-Request-Id"))
     default = state.policies[state.config.default_policy]
     ex = Exchange(rid, request.path, request.headers, now, time.time(), default)
     ex.trace = trace = state.tracing.begin(request.headers, request.method, request.path, rid, now)

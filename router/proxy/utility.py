@@ -25,7 +25,7 @@ from router.proxy.relay import failed_answer, relay
 from router.proxy.state import RouterState
 from router.proxy.upstream import Target, UpstreamFailed, UpstreamFault, open_upstream
 from router.server.errors import RouterError, error_response
-from router.server.ids import new_request_id
+from router.server.ids import request_id
 from router.server.site import read_body
 
 UTILITY_PATHS: dict[Endpoint, str] = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
@@ -35,7 +35,7 @@ async def forward(
     request: web.Request, state: RouterState, endpoint: Endpoint
 ) -> web.StreamResponse:
     """Answer one ``/tokenize`` or ``/detokenize`` request with a backend's answer."""
-    rid = request.headers.get("X-Request-Id") or new_request_id()
+    rid = request_id(request.headers.get("X-Request-Id"))
     extra = {"X-Request-Id": rid}
     try:
         state.gate.identify(request.headers)

@@ -33,6 +33,22 @@ _IDS = _Ids()
 os.register_at_fork(after_in_child=_IDS.reseed)
 
 
+MAX_CLIENT_ID = 256
+"""The longest ``X-Request-Id`` kept from a client: the id is echoed, logged and captured with
+every request, so a client must not make each of those lines kilobytes longer."""
+
+
+def usable_id(value: str) -> bool:
+    """Whether ``value`` can stand as a request id: printable ASCII, at most
+    :data:`MAX_CLIENT_ID` characters (anything else would be mangled or bloat every record)."""
+    return len(value) <= MAX_CLIENT_ID and value.isascii() and value.isprintable()
+
+
 def new_request_id() -> str:
     """A fresh id for a request that came without ``X-Request-Id``."""
     return _IDS.next()
+
+
+def request_id(given: str | None) -> str:
+    """The client's ``X-Request-Id`` when it is :func:`usable_id`, else a fresh one."""
+    return given if given and usable_id(given) else _IDS.next()
