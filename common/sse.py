@@ -25,13 +25,11 @@ found by its usage or error.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeGuard
 
 import orjson
 
-from common.tokens import count_text, message_text
+from common.outcome import BAD, JSON_WS, LAST_TYPES, Outcome, error_object, has_content
 
 MAX_EVENT_SIZE = 1 << 20
 """Default for :class:`StreamMeter`'s ``max_event_size``: 1 MiB."""
@@ -51,39 +49,19 @@ _CR_DROPPED = 2
 _FRESH = 3
 _FAILED = 4  # nothing more is read
 
-PROTOCOL_ERRORS = ("event_too_large", "bad_json", "bad_utf8", "bad_usage", "bad_finish_reason")
-"""The kinds :attr:`StreamMeter.protocol_errors` counts."""
-
-MAX_USAGE_TOKENS = 100_000_000
-"""Token counts above this (or negative, or not whole numbers) are ignored as ``bad_usage``."""
-
 _DATA = b"data:"
 _EVENT = b"event:"
 _DELTA = b".delta"
 _DONE = b"[DONE]"
-_BAD = object()  # what _parse returns for an event that is not JSON
-_WS = rb"[ \t\r\n]*"  # JSON whitespace
-_NOT_NULL = _WS + b":" + _WS + rb"[^n \t\r\n]"  # after a key: a value other than null
+_NOT_NULL = JSON_WS + b":" + JSON_WS + rb"[^n \t\r\n]"  # after a key: a value other than null
 # An event is parsed only if one of these keys occurs in it with a value: the content keys
 # until the first content (in every event when tracking gaps), the others in any event.
 _CONTENT_HINT = re.compile(
     rb'"(?:content|text|reasoning|reasoning_content|tool_calls|delta)"' + _NOT_NULL
 )
 _META_HINT = re.compile(rb'"(?:error|finish_reason|usage)"' + _NOT_NULL)
-_ERROR_START = re.compile(_WS + rb"\{" + _WS + rb'"error"')
-_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
-# Responses API events that carry generated content, and those that end a stream.
-_CONTENT_TYPES = frozenset(
-    {
-        "response.output_text.delta",
-        "response.reasoning_text.delta",
-        "response.refusal.delta",
-        "response.function_call_arguments.delta",
-    }
-)
-_LAST_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # The names of the typed events read whole: the last ones and the error event.
-_READ_NAMES = frozenset({t.encode() for t in _LAST_TYPES} | {b"error"})
+_READ_NAMES = frozenset({t.encode() for t in LAST_TYPES} | {b"error"})
 
 
 def _blank_line(data: bytes, pos: int) -> int:
@@ -126,7 +104,7 @@ def is_content_event(payload: bytes) -> bool:
     if not _CONTENT_HINT.search(payload):
         return False
     try:
-        return _has_content(orjson.loads(payload))
+        return has_content(orjson.loads(payload))
     except orjson.JSONDecodeError:
         return False
 
@@ -161,7 +139,7 @@ class StreamFigures:
         return (self.e2e - self.ttft) / (tokens - 1)
 
 
-class StreamMeter:
+class StreamMeter(Outcome):
     """Feeds on raw SSE bytes in any split; remembers only what the figures need.
 
     Framing follows the WHATWG server-sent events parser: a line ends with CRLF, LF or CR
@@ -184,13 +162,9 @@ class StreamMeter:
     abort the upstream as a failed backend and end the client's stream with an error event
     (what was returned before is whole events, so that error event is received cleanly).
 
-    **Untrusted.** Fields are read from the parsed JSON and checked; one that is malformed is
-    ignored and counted in :attr:`protocol_errors` (kinds in :data:`PROTOCOL_ERRORS`), never
-    raised: ``bad_json`` (an event read that is not JSON, or not an object with a list of
-    object choices), ``bad_utf8`` (not UTF-8: the rest is still read from a lossy decoding),
-    ``bad_usage`` (a usage that is not an object, or a token count that is not a whole number
-    in 0..:data:`MAX_USAGE_TOKENS`), ``bad_finish_reason`` (not a short printable ASCII word).
-    Counts are per event read (an event is read only if it may matter, so a malformed event
+    **Untrusted.** What the events say is read and checked by :class:`common.outcome.Outcome`
+    (malformed fields are counted in :attr:`protocol_errors`, never raised). Counts are per
+    event read (an event is read only if it may matter, so a malformed event
     after the first content that names none of those keys goes unnoticed, and unharmed).
 
     ``strip_usage``: drop the usage-only event (a non-null ``usage`` and ``choices`` empty or
@@ -216,20 +190,13 @@ class StreamMeter:
         "_strip_usage",
         "_track_gaps",
         "body_bytes",
-        "body_tokens",
-        "completion_tokens",
         "content_events",
         "data_events",
-        "done",
-        "error",
         "failure",
-        "finish_reason",
         "first_content",
         "itl_sum",
         "itls",
         "last_event",
-        "prompt_tokens",
-        "protocol_errors",
     )
 
     def __init__(
@@ -244,6 +211,7 @@ class StreamMeter:
     ) -> None:
         if max_event_size < 1:
             raise ValueError(f"max_event_size must be positive, not {max_event_size}")
+        super().__init__()
         self._start = start
         self._choices = max(1, choices)
         self._strip_usage = strip_usage
@@ -262,20 +230,10 @@ class StreamMeter:
         settlement's estimate when the engine reports no usage)."""
         self.body_bytes = 0
         """The size of a non-streamed body (:meth:`feed_body`)."""
-        self.body_tokens: int | None = None
-        """The tokens of a non-streamed body's generated text, counted by the router: only
-        when the body reports no completion tokens of its own (a settlement's estimate)."""
         self.itl_sum = 0.0
         self.itls: list[float] | None = [] if keep_itl else None
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.finish_reason: str | None = None
-        self.error: dict[str, object] | None = None
-        self.done = False
         self.failure: str | None = None
         """Why the stream cannot go on (an event over ``max_event_size``), else None."""
-        self.protocol_errors: dict[str, int] = {}
-        """What the upstream got wrong, by kind, with counts (see :data:`PROTOCOL_ERRORS`)."""
 
     def feed(self, data: bytes, now: float) -> bytes:
         """Account for ``data`` received at ``now``; return the bytes to forward (whole events)."""
@@ -407,10 +365,6 @@ class StreamMeter:
         self._bom = head == _BOM
         return self._bom
 
-    def _count(self, kind: str) -> None:
-        errors = self.protocol_errors
-        errors[kind] = errors.get(kind, 0) + 1
-
     def _event(self, buf: bytes, s: int, t: int, now: float) -> bool:
         """Meter the event whose lines are ``buf[s:t]``; False if it must not be forwarded."""
         if buf.startswith(_DATA, s):  # one `data:` line (the usual event) is quicker to read
@@ -456,7 +410,7 @@ class StreamMeter:
             doc = self._parse(buf[a:e])
             if isinstance(doc, dict):
                 self._typed(doc.get("type"), doc)
-            elif doc is not _BAD:
+            elif doc is not BAD:
                 self._count("bad_json")
         return True
 
@@ -469,7 +423,7 @@ class StreamMeter:
         self.data_events += 1
         if (self._track_gaps or self.first_content is None) and _CONTENT_HINT.search(payload):
             doc = self._parse(payload)
-            if _has_content(doc):
+            if has_content(doc):
                 if self.first_content is None:
                     self.first_content = now
                 else:
@@ -484,7 +438,7 @@ class StreamMeter:
         else:
             return True  # nothing else to read (e.g. `"finish_reason":null`)
         if not isinstance(doc, dict):
-            if doc is not _BAD:
+            if doc is not BAD:
                 self._count("bad_json")
             return True
         kind = doc.get("type")
@@ -493,7 +447,7 @@ class StreamMeter:
             return True
         err = doc.get("error")
         if err is not None:
-            self.error = _error(err)
+            self.error = error_object(err)
             return True
         choices = doc.get("choices")
         if isinstance(choices, list):
@@ -511,116 +465,12 @@ class StreamMeter:
         # The usage-only event: the one to drop when the router asked for it, not the client.
         return not (self._strip_usage and (choices is None or choices == []))
 
-    def _typed(self, kind: object, doc: Mapping[str, Any]) -> None:
-        """A Responses API event: its error event, or a last event and its response."""
-        if kind == "error":  # the error's fields at the top: code, message, param
-            self.error = {k: doc.get(k) for k in ("message", "code", "param")}
-        elif kind in _LAST_TYPES:
-            self.done = True
-            response = doc.get("response")
-            if isinstance(response, dict):
-                self._response(response)
-            else:
-                self._count("bad_json")
-
-    def _response(self, response: Mapping[str, Any]) -> None:
-        """A Responses API response object's usage, status (as a finish reason: ``stop`` when
-        completed, ``length`` when cut at ``max_output_tokens``, else the reason given) and
-        error."""
-        usage = response.get("usage")
-        if usage is not None:
-            self._usage(usage)
-        err = response.get("error")
-        if err is not None:
-            self.error = _error(err)
-        status = response.get("status")
-        if status == "completed":
-            self._finish("stop")
-        elif status == "incomplete":
-            details = response.get("incomplete_details")
-            reason = details.get("reason") if isinstance(details, dict) else None
-            self._finish("length" if reason == "max_output_tokens" else reason)
-
-    def _parse(self, payload: bytes) -> object:
-        """The JSON in ``payload``, or ``_BAD`` (counted) if it is not valid JSON."""
-        try:
-            return orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            pass
-        try:
-            payload.decode()
-        except UnicodeDecodeError:
-            self._count("bad_utf8")
-            try:  # read what can be read: usage figures do not need the broken text
-                return orjson.loads(payload.decode(errors="replace"))
-            except orjson.JSONDecodeError:
-                pass
-        self._count("bad_json")
-        if _ERROR_START.match(payload):  # still an error, if a malformed one
-            self.error = {"message": payload[:200].decode(errors="replace")}
-        return _BAD
-
-    def _finish(self, reason: object) -> None:
-        """Take a choice's ``finish_reason`` if it is a short printable ASCII word."""
-        if reason is None or reason == "":
-            return
-        if (
-            isinstance(reason, str)
-            and len(reason) <= 64
-            and reason.isascii()
-            and reason.isprintable()
-        ):
-            self.finish_reason = reason
-        else:
-            self._count("bad_finish_reason")
-
-    def _usage(self, usage: object) -> None:
-        """Take the token counts of a ``usage`` object that are whole numbers in range."""
-        if not isinstance(usage, dict):
-            self._count("bad_usage")
-            return
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if prompt is None and completion is None:  # the Responses API's names
-            prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
-        if _is_count(prompt):
-            self.prompt_tokens = prompt
-        if _is_count(completion):
-            self.completion_tokens = completion
-        if any(n is not None and not _is_count(n) for n in (prompt, completion)):
-            self._count("bad_usage")
-
     def feed_body(self, body: bytes, now: float) -> None:
-        """Meter a non-streamed JSON response that arrived whole at ``now``.
-
-        Malformed fields are ignored and counted in :attr:`protocol_errors` as in a stream; a
-        body that is not JSON at all (an HTML error page, say) counts as ``bad_json``.
-        """
+        """Meter a non-streamed JSON answer that arrived whole at ``now``."""
         self.first_content = self.last_event = now
         self.body_bytes = len(body)
-        doc = self._parse(body)
-        if not isinstance(doc, dict):
-            if doc is not _BAD:
-                self._count("bad_json")
-            return
-        if doc.get("object") == "response":
-            self._response(doc)
-            output = doc.get("output")
-            if isinstance(output, list) and self.completion_tokens is None:
-                self.body_tokens = sum(_output_tokens(o) for o in output if isinstance(o, dict))
+        if self.read_body(body):
             self.content_events = 1
-            return
-        err = doc.get("error")
-        if err is not None:
-            self.error = _error(err)
-        usage = doc.get("usage")
-        if usage is not None:
-            self._usage(usage)
-        choices = doc.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            self._finish(choices[0].get("finish_reason"))
-            if self.completion_tokens is None:
-                self.body_tokens = sum(_generated_tokens(c) for c in choices if isinstance(c, dict))
-        self.content_events = 1
 
     def figures(self, end: float | None = None) -> StreamFigures:
         """The stream's figures; ``end`` defaults to the last event's arrival."""
@@ -638,59 +488,3 @@ class StreamMeter:
             done=self.done,
             choices=self._choices,
         )
-
-
-def _error(err: object) -> dict[str, object]:
-    """An error event's ``error``, as an object."""
-    return err if isinstance(err, dict) else {"message": str(err)}
-
-
-def _has_content(doc: object) -> bool:
-    """Whether a parsed event carries generated content: a non-empty text, reasoning or tool
-    call in one of its choices, or a Responses API content delta."""
-    if not isinstance(doc, dict):
-        return False
-    kind = doc.get("type")
-    if kind is not None:
-        delta = doc.get("delta")
-        return kind in _CONTENT_TYPES and isinstance(delta, str) and delta != ""
-    choices = doc.get("choices")
-    if not isinstance(choices, list):
-        return False
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            for key in _DELTA_KEYS:
-                value = delta.get(key)
-                if value and isinstance(value, str | list):
-                    return True
-        value = choice.get("text")
-        if value and isinstance(value, str | list):
-            return True
-    return False
-
-
-def _is_count(n: object) -> TypeGuard[int]:
-    """A token count a backend may report: a whole number in range (a JSON bool is not)."""
-    return type(n) is int and 0 <= n <= MAX_USAGE_TOKENS
-
-
-def _generated_tokens(choice: Mapping[str, Any]) -> int:
-    """Tokens of one choice's generated text (chat ``message`` or completions ``text``)."""
-    message = choice.get("message")
-    text = message.get("content") if isinstance(message, dict) else choice.get("text")
-    return count_text(message_text(text)) if text is not None else 0
-
-
-def _output_tokens(item: Mapping[str, Any]) -> int:
-    """Tokens of one Responses API output item's text parts."""
-    content = item.get("content")
-    if not isinstance(content, list):
-        return 0
-    return sum(
-        count_text(p["text"])
-        for p in content
-        if isinstance(p, dict) and isinstance(p.get("text"), str)
-    )

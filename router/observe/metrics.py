@@ -385,7 +385,7 @@ class Metrics:
         self._aborts.labels(policy, backend, request_class).inc()
 
     def protocol_errors(self, backend: str, kind: str, count: int = 1) -> None:
-        """Count what ``backend`` got wrong in one answer (kinds: common.sse.PROTOCOL_ERRORS,
+        """Count what ``backend`` got wrong in one answer (kinds: common.outcome.PROTOCOL_ERRORS,
         ``body_too_large``, ``bad_error_body``)."""
         self._protocol_errors.labels(backend, kind).inc(count)
 

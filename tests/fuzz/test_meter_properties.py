@@ -13,7 +13,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.sse import MAX_EVENT_SIZE, MAX_USAGE_TOKENS, PROTOCOL_ERRORS, StreamMeter
+from common.outcome import MAX_USAGE_TOKENS, PROTOCOL_ERRORS
+from common.sse import MAX_EVENT_SIZE, StreamMeter
 from tests.common.sse_spec import Recorder, spec_events
 
 
