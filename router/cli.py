@@ -17,13 +17,11 @@ import asyncio
 import gc
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 from typing import NoReturn
@@ -31,12 +29,12 @@ from typing import NoReturn
 import uvloop
 
 from router.app import RELOADER, STATE, build_app, build_policies, listen_socket, serve
-from router.backends.shared import SharedLoad
 from router.config.model import ConfigError, ListenSettings, RouterConfig
 from router.config.parse import read_config
 from router.control.auth import Gate, exposure_warning
-from router.observe.metrics import Metrics, share_between_workers
+from router.observe.metrics import Metrics
 from router.server.children import Children
+from router.workers import Sharing, supervise
 
 log = logging.getLogger("router")
 READY = "router listening on "
@@ -144,7 +142,7 @@ def _serve(
         if workers == 1:
             uvloop.run(_worker(config, sock, _announce, path))
             return 0
-        return _supervise(config, sock, workers, path)
+        return supervise(config, sock, workers, path, _worker, _announce)
     except RuntimeError as exc:  # an emulator child did not come up
         print(f"router: {exc}", file=sys.stderr)
         return 1
@@ -221,81 +219,3 @@ async def _refresh(metrics: Metrics) -> None:
     while True:
         metrics.refresh()
         await asyncio.sleep(REFRESH_SECONDS)
-
-
-def _supervise(config: RouterConfig, first: socket.socket, workers: int, path: Path) -> int:
-    """Fork ``workers`` processes on one SO_REUSEPORT port; pass SIGHUP on; stop on a signal.
-
-    Before forking it maps the backend load the workers share and points every worker's
-    metrics at one fresh directory, so that any worker's /metrics shows all of them.
-    """
-    shared = SharedLoad(workers)
-    metrics_dir = Path(tempfile.mkdtemp(prefix="switchyard-metrics-"))
-    share_between_workers(metrics_dir)
-    try:
-        return _fork(config, first, workers, path, Sharing(shared, metrics_dir))
-    finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Sharing:
-    """What the workers of one router share: backend load and a metrics directory."""
-
-    load: SharedLoad
-    metrics_dir: Path
-
-
-def _fork(
-    config: RouterConfig, first: socket.socket, workers: int, path: Path, sharing: Sharing
-) -> int:
-    port = first.getsockname()[1]
-    ready_r, ready_w = os.pipe()
-    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    pids: list[int] = []
-    for i in range(workers):
-        sock = first if i == 0 else listen_socket(config.listen.host, port, reuse_port=True)
-        pid = os.fork()
-        if pid == 0:  # worker: serve, tell the parent it is up, never return into main()
-            os.close(ready_r)
-            if sock is not first:
-                # Worker 0's socket, which the parent still holds: kept open here, it would
-                # outlive worker 0, and the kernel would queue connections on it that no
-                # one accepts.
-                first.close()
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
-
-            def tell_parent(_: str) -> None:
-                os.write(ready_w, b"1")
-                os.close(ready_w)
-
-            code = 0
-            try:
-                uvloop.run(_worker(config, sock, tell_parent, path, sharing, i))
-            except BaseException:
-                log.exception("worker %d failed", i)
-                code = 1
-            os._exit(code)
-        pids.append(pid)
-        if sock is not first:
-            sock.close()
-    first.close()
-    os.close(ready_w)
-    got = b""
-    while len(got) < workers:
-        chunk = os.read(ready_r, workers)
-        if not chunk:
-            break
-        got += chunk
-    os.close(ready_r)
-    if len(got) == workers:
-        print(f"{READY}http://{config.listen.host}:{port}", flush=True)
-        while signal.sigwait(signals) == signal.SIGHUP:
-            for pid in pids:
-                os.kill(pid, signal.SIGHUP)
-    for pid in pids:
-        os.kill(pid, signal.SIGTERM)
-    for pid in pids:
-        os.waitpid(pid, 0)
-    return 0 if len(got) == workers else 1

@@ -50,6 +50,15 @@ class SharedLoad:
             raise ValueError(f"worker {worker} of {self.workers}")
         return WorkerRow(self._words, worker, self.workers)
 
+    def clear(self, worker: int) -> None:
+        """Zero worker ``worker``'s figures (it died, and its requests with it); its slots
+        stay claimed for its replacement."""
+        start = worker * SLOTS * _WORDS
+        words = self._words
+        for at in range(start, start + SLOTS * _WORDS, _WORDS):
+            if words[at] != _EMPTY:
+                words[at + 1] = words[at + 2] = words[at + 3] = 0
+
 
 class WorkerRow:
     """One worker's handle on the segment."""

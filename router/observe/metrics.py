@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from policies.types import REQUEST_CLASSES
 
@@ -480,3 +480,9 @@ def share_between_workers(directory: Path) -> None:
     # As get_value_class() would, but with the pid read once per process: a multiprocess
     # value asks for it on every increment (a system call each; about 15 a request).
     prometheus_values.ValueClass = prometheus_values.MultiProcessValue(_PID.get)  # type: ignore[no-untyped-call]
+
+
+def forget_worker(directory: Path, pid: int) -> None:
+    """Drop the live gauges of worker ``pid``, which died, from the shared metrics; its
+    counters and histograms stay in the sums."""
+    mark_process_dead(pid, str(directory))  # type: ignore[no-untyped-call]

@@ -4,7 +4,7 @@ Bottom up: config (the frozen model and its parser), server (errors, the guarded
 child processes), observe (metrics, capture), backends (pool, breaker, health), control
 (auth, admission, classification), proxy (the request path), batch (the Batch API, whose
 lines take the request path). The top-level modules (app,
-cli, reload, __main__) compose them and may import any layer; no layer imports them.
+cli, workers, reload, __main__) compose them and may import any layer; no layer imports them.
 """
 
 from __future__ import annotations
