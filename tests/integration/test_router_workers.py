@@ -16,6 +16,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai import Stream
+from openai.types.chat import ChatCompletionChunk
 
 from router.workers import MAX_RESTARTS
 from tests.procs import Emulator, Process, start_emulator
@@ -63,6 +65,20 @@ def workers_of(router: Process) -> set[int]:
         return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
     except FileNotFoundError:  # the router has exited
         return set()
+
+
+def long_stream(open_: contextlib.ExitStack, url: str) -> Stream[ChatCompletionChunk]:
+    """A chat stream of 3,000 tokens on a connection of its own, closed with ``open_``."""
+    client = open_.enter_context(client_for(url))
+    return open_.enter_context(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3000,
+            stream=True,
+            extra_body={"min_tokens": 3000, "ignore_eos": True},
+        )
+    )
 
 
 def worker_prefix(request_id: str) -> str:
@@ -126,17 +142,7 @@ def test_workers_see_one_load_and_one_max_inflight(emulator: Emulator, tmp_path:
         contextlib.ExitStack() as open_,
     ):
         for _ in range(2):  # two streams of about 10 s, each on its own connection
-            client = open_.enter_context(client_for(router.url))
-            stream = open_.enter_context(
-                client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": "hi"}],
-                    max_tokens=3000,
-                    stream=True,
-                    extra_body={"min_tokens": 3000, "ignore_eos": True},
-                )
-            )
-            next(iter(stream))
+            next(iter(long_stream(open_, router.url)))
         for _ in range(10):  # every worker sees both streams...
             [backend] = get(router.url + "/switchyard/backends").json()
             assert backend["inflight"] == 2
@@ -157,16 +163,7 @@ def test_a_dead_worker_is_replaced_and_its_load_forgotten(
         streams: list[tuple[str, Iterator[object]]] = []  # (serving worker's id prefix, chunks)
         while len(streams) < 4 or len({w for w, _ in streams}) < 2:  # streams on both workers
             assert len(streams) < 16
-            client = open_.enter_context(client_for(router.url))
-            stream = open_.enter_context(
-                client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": "hi"}],
-                    max_tokens=3000,
-                    stream=True,
-                    extra_body={"min_tokens": 3000, "ignore_eos": True},
-                )
-            )
+            stream = long_stream(open_, router.url)
             chunks = iter(stream)
             next(chunks)
             streams.append((worker_prefix(stream.response.headers["x-request-id"]), chunks))
