@@ -19,6 +19,7 @@ import heapq
 import math
 import random
 
+from emulator.dp import DPFrontEnd
 from emulator.profiles import Profile
 from emulator.rank import Rank, Sequence, State
 
@@ -39,8 +40,11 @@ class Engine:
         # event costs a heap operation, not a scan of every rank (the virtual-time simulator
         # takes millions of them).
         self._due: list[tuple[float, int]] = []
-        self._dp_tick = -1  # vllm-dp: the stats broadcast the front end last received
-        self._dp_view: list[list[int]] = []
+        self._dp = (
+            DPFrontEnd(profile.ranks, profile.api_servers, profile.dp_stats_interval_ms, seed)
+            if profile.rank_assignment == "vllm-dp"
+            else None
+        )
 
     def capacity_tokens(self) -> int:
         """The most tokens (prompt plus output) one request may hold in one rank's KV cache."""
@@ -71,30 +75,19 @@ class Engine:
             rank = self._rng.randrange(len(self.ranks))
         elif how == "hash":
             rank = seq.rng.getrandbits(32) % len(self.ranks)
-        elif how == "vllm-dp":
-            rank = self._dp_balance(now)
+        elif self._dp is not None:
+            rank = self._dp.pick(now)
         else:
             loads = [r.load() for r in self.ranks]
             rank = loads.index(min(loads))
         seq.rank = rank
-        self.ranks[rank].enqueue(seq)
-        self.ranks[rank].kick(now)
+        target = self.ranks[rank]
+        idle = target.deadline() is None
+        target.enqueue(seq)
+        target.kick(now)
         self._track(rank)
-
-    def _dp_balance(self, now: float) -> int:
-        """vLLM's data-parallel front end: the lowest ``4 x waiting + running``, from the counts
-        each rank published after its last step, broadcast every ``dp_stats_interval_ms``.
-        Between broadcasts it counts its own picks as waiting; a broadcast replaces those
-        counts. So a rank busy with a long prefill step looks as it did before the step, and
-        arrivals during it may pile onto it (vLLM PRs 41626 and 48027 describe this lag)."""
-        tick = int(now * 1e3 // self.profile.dp_stats_interval_ms)
-        if tick != self._dp_tick:
-            self._dp_tick = tick
-            self._dp_view = [list(r.published) for r in self.ranks]
-        view = self._dp_view
-        rank = min(range(len(view)), key=lambda i: 4 * view[i][0] + view[i][1])
-        view[rank][0] += 1
-        return rank
+        if self._dp is not None and idle:  # a busy rank takes it in when its step ends
+            self._dp.published(rank, target.published, now)
 
     def _track(self, rank: int) -> None:
         """Note rank ``rank``'s current deadline in the heap (after anything that moved it)."""
@@ -147,8 +140,11 @@ class Engine:
                     self._dispatch(seq, arrival)
             elif head is not None:
                 heapq.heappop(self._due)
-                self.ranks[head[1]].fire(out)
+                rank = self.ranks[head[1]]
+                rank.fire(out)
                 self._track(head[1])
+                if self._dp is not None:
+                    self._dp.published(head[1], rank.published, best_t)
 
     @property
     def num_running(self) -> int:

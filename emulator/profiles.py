@@ -74,6 +74,7 @@ class Profile:
     ranks: int = 1
     rank_assignment: str = "balanced"
     dp_stats_interval_ms: float = 100.0
+    api_servers: int = 1
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 16384
     kv_cache_tokens: int = 1048576
@@ -130,7 +131,7 @@ def _check_choices(values: dict[str, Any], errors: list[str]) -> None:
     for key, allowed in choices.items():
         if key in values and values[key] not in allowed:
             errors.append(f"{key}: unknown {values[key]!r} (known: {', '.join(allowed)})")
-    for key in ("ranks", "max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
+    for key in ("ranks", "api_servers", "max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
         if values.get(key) == 0:
             errors.append(f"{key}: must be at least 1")
     if values.get("dp_stats_interval_ms", 1.0) <= 0:

@@ -90,10 +90,10 @@ class Rank:
         self.lane_end: float | None = None  # overlap: the prefill lane's current job
         self.lane_job: Sequence | None = None
         self.preemptions = 0
-        # (waiting, running) as published after the last step: what vLLM's DP front end
-        # balances on. Requests that arrived during the step are not in it yet.
+        # (waiting, running) as last published, before and after each step: what vLLM's DP
+        # front end balances on. Requests that arrive during a step are not in it until the
+        # step ends (they wait in the rank's input queue).
         self.published = (0, 0)
-        self._scheduled_waiting = 0
 
     @property
     def free(self) -> int:
@@ -257,6 +257,7 @@ class Rank:
 
     # mixed scheduling (vLLM V1) ------------------------------------------------------------
     def _start_mixed(self, now: float) -> None:
+        self.published = (self.n_waiting, len(self.running))
         decode: list[Sequence] = []
         for seq in list(self.running):
             decoding = seq.state is State.RUNNING and seq.prefilled >= seq.prefill_target
@@ -280,7 +281,6 @@ class Rank:
             chunk = min(new.prefill_target - new.prefilled, budget)
             prefill.append((new, chunk))
             budget -= chunk
-        self._scheduled_waiting = self.n_waiting
         if not decode and not prefill:
             return
         tokens = sum(c for _, c in prefill)
@@ -303,7 +303,7 @@ class Rank:
                 if seq.prefilled >= seq.prefill_target:
                     self._emit(seq, 1, now, out)
         self.step_decode, self.step_prefill = [], []
-        self.published = (self._scheduled_waiting, len(self.running))
+        self.published = (self.n_waiting, len(self.running))
 
     # overlap scheduling (separate prefill lane) ------------------------------------------------
     def _start_lane(self, now: float) -> None:

@@ -203,24 +203,3 @@ def test_priority_scheduling_preempts_the_lowest_priority_first() -> None:
     drain(engine)
     assert low.preemptions > 0 and high.preemptions == 0
     assert low.generated == high.generated == 400
-
-
-def test_vllm_dp_balancing_lags_a_rank_busy_with_a_long_prefill() -> None:
-    # One 8,000-token prefill is a single 0.4 s step; counts are published after each step.
-    base = dataclasses.replace(MIXED, ranks=2, max_num_batched_tokens=16384)
-    placed = {}
-    for how in ("vllm-dp", "balanced"):
-        engine = Engine(dataclasses.replace(base, rank_assignment=how))
-        a, b, c, d = seq(8000, 50), seq(10, 1000), seq(8000, 5), seq(10, 5)
-        engine.submit(a, 0.0)
-        engine.submit(b, 0.001)  # same broadcast interval: the front end counted a itself
-        drain(engine, until=0.25)
-        engine.submit(c, 0.25)  # a new broadcast: rank 0 still shows its pre-step counts
-        engine.submit(d, 0.26)  # c is counted as waiting there until the next broadcast
-        drain(engine)
-        placed[how] = [s.rank for s in (a, b, c, d)], c.first_token_at
-    assert placed["vllm-dp"][0] == [0, 1, 0, 1]
-    assert placed["balanced"][0][2] == 1  # by pending prefill tokens: away from a's prompt
-    dp_ttft, balanced_ttft = placed["vllm-dp"][1], placed["balanced"][1]
-    assert dp_ttft is not None and balanced_ttft is not None
-    assert dp_ttft > balanced_ttft + 0.1  # c waited for a's whole prefill step
