@@ -114,6 +114,13 @@ def write_trace(path: Path, *, seed: int = 7, requests: int = 600, rate: float =
     path.write_bytes(b"\n".join(lines) + b"\n")
 
 
+def thin(trace: Path, every: int, out: Path) -> Path:
+    """Write every ``every``-th row of ``trace`` to ``out``; return ``out``."""
+    with trace.open("rb") as f:
+        out.write_bytes(b"".join(line for n, line in enumerate(f) if n % every == 0))
+    return out
+
+
 def oracle_hit_rate(path: Path, max_requests: int | None) -> float:
     """Hit rate with one unbounded cache: each request's longest leading run of ``hash_ids``
     seen before (in 16-token engine blocks, its last prompt token always computed)."""
@@ -332,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--kv-tokens", type=int, default=131072, help="KV cache per replica")
     ap.add_argument("--max-requests", type=int, default=None)
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        help="replay every K-th row of the trace, at its own time: a K-times thinner load "
+        "over the whole span, which keeps the sharing that builds up across it",
+    )
     ap.add_argument("--only", default=None, help="comma-separated configurations to run")
     ap.add_argument(
         "--vllm-router",
@@ -352,10 +366,14 @@ def main(argv: list[str] | None = None) -> int:
         print("vllm-router: no binary found (pip install vllm-router, or --vllm-router PATH); "
               "its rows are left out", file=sys.stderr)  # fmt: skip
         labels = [x for x in labels if not x.startswith("vllm-router")]
-    oracle = oracle_hit_rate(args.trace, args.max_requests)
     rows: dict[str, Figures] = {}
     tmp = Path(tempfile.mkdtemp(prefix="prefix-routing-"))
+    name = args.trace.name
     try:
+        if args.every > 1:
+            name += f" (every {args.every}th row)"
+            args.trace = thin(args.trace, args.every, tmp / "trace.jsonl")
+        oracle = oracle_hit_rate(args.trace, args.max_requests)
         for label in labels:
             started = time.monotonic()
             rows[label] = run_one(label, args, args.vllm_router, tmp)
@@ -365,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run directory kept: {tmp}", file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{args.trace.name}: {args.replicas} vLLM replicas (ranks=1, {args.kv_tokens} KV "
+    print(f"{name}: {args.replicas} vLLM replicas (ranks=1, {args.kv_tokens} KV "
           f"tokens each), time scale {args.time_scale:g}; latencies in model seconds")  # fmt: skip
     print(table(rows, oracle))
     for line in targets(rows, oracle):
