@@ -37,7 +37,7 @@ from router.proxy.state import RouterState
 from router.proxy.utility import forward
 from router.reload import Reloader
 from router.server.errors import SERVER, RouterError, error_response
-from router.server.site import GuardedSite, handler_options, single_headers
+from router.server.site import AiohttpClient, GuardedSite, handler_options, single_headers
 
 log = logging.getLogger("router")
 STATE = web.AppKey("state", RouterState)
@@ -166,9 +166,11 @@ def _left(state: RouterState, backend: BackendState) -> None:
 
 
 def _routes(app: web.Application, state: RouterState) -> None:
-    def proxied(endpoint: str) -> Handler:
+    def proxied(endpoint: Endpoint) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
-            return await handle(request, state, endpoint)  # type: ignore[arg-type]
+            return await AiohttpClient(request).answer(
+                partial(handle, state=state, endpoint=endpoint)
+            )
 
         return handler
 
@@ -192,7 +194,9 @@ def _routes(app: web.Application, state: RouterState) -> None:
 
     def utility(endpoint: Endpoint) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
-            return await forward(request, state, endpoint)
+            return await AiohttpClient(request).answer(
+                partial(forward, state=state, endpoint=endpoint)
+            )
 
         return handler
 

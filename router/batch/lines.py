@@ -19,12 +19,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from policies.types import Endpoint
-from router.proxy.handler import PATHS, TENANT, handle
+from router.proxy.handler import PATHS, RunAs, handle
 from router.proxy.state import RouterState
 from router.server.errors import RouterError, error_response
+from router.server.site import AiohttpClient
 
 TOKEN_HEADER = "X-Switchyard-Line-Token"
 OWNER_HEADER = "X-Switchyard-Batch-Owner"
+_RUN_AS = "switchyard.run_as"
 
 
 class LineSite:
@@ -65,7 +67,10 @@ class LineSite:
 
     def _proxied(self, endpoint: Endpoint) -> Handler:
         async def proxied(request: web.Request) -> web.StreamResponse:
-            return await handle(request, self._state, endpoint)
+            run_as = request[_RUN_AS]
+            return await AiohttpClient(request).answer(
+                lambda client: handle(client, self._state, endpoint, run_as)
+            )
 
         return proxied
 
@@ -79,5 +84,5 @@ class LineSite:
         if owner and tenant is None:
             message = "the API key that created this batch is no longer configured"
             return error_response(RouterError(401, message, code="invalid_api_key"))
-        request[TENANT] = tenant
+        request[_RUN_AS] = RunAs(tenant)
         return await handler(request)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
-
-from aiohttp import web
 
 from common.sse import StreamMeter
 from policies.base import Policy
@@ -33,9 +32,9 @@ from router.proxy.upstream import (
     answer_reason,
     open_upstream,
 )
-from router.server.errors import RouterError, error_response
+from router.server.answer import Answer, Client
+from router.server.errors import RouterError, error_answer
 from router.server.ids import request_id
-from router.server.site import read_body
 
 PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",
@@ -43,32 +42,39 @@ PATHS: dict[Endpoint, str] = {
     "embeddings": "/v1/embeddings",
     "responses": "/v1/responses",
 }
-TENANT = "switchyard.tenant"
-"""A request's key under which router.batch's line site sets the tenant a batch line runs as
-(its creator's): the handler then takes it instead of identifying the caller by API key."""
 log = logging.getLogger("router")
 
 
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    """The tenant a request runs as without identifying its caller by API key: router.batch's
+    line site gives a batch line its creator's."""
+
+    tenant: Tenant | None
+
+
 async def handle(
-    request: web.Request, state: RouterState, endpoint: Endpoint
-) -> web.StreamResponse:
-    """Serve one OpenAI request end to end; the only writer of its :class:`Exchange`."""
+    request: Client, state: RouterState, endpoint: Endpoint, run_as: RunAs | None = None
+) -> Answer | None:
+    """Serve one OpenAI request end to end; the only writer of its :class:`Exchange`.
+    Returns the answer, or None once it was streamed to ``request``."""
     now = time.monotonic()
-    rid = request_id(request.headers.get("X-Request-Id"))
+    headers = request.headers
+    rid = request_id(headers.get("X-Request-Id"))
     default = state.policies[state.config.default_policy]
-    ex = Exchange(rid, request.path, request.headers, now, time.time(), default)
-    ex.trace = trace = state.tracing.begin(request.headers, request.method, request.path, rid, now)
+    ex = Exchange(rid, request.path, headers, now, time.time(), default)
+    ex.trace = trace = state.tracing.begin(headers, request.method, request.path, rid, now)
     extra = {"X-Request-Id": rid, "X-Switchyard-Policy": default.name}
     opened: Opened | None = None
     lease: Lease | None = None
     ticket: Ticket | None = None
     try:
         ticket = state.drain.enter()
-        tenant = request[TENANT] if TENANT in request else state.gate.identify(request.headers)
+        tenant = run_as.tenant if run_as is not None else state.gate.identify(headers)
         ex.tenant = tenant.capture_id if tenant is not None else None
         ex.policy = policy = _policy(request, state, tenant)
         extra["X-Switchyard-Policy"] = policy.name
-        ex.body = await read_body(request, state.config.listen.max_body_bytes, state.config.limits)
+        ex.body = await request.body(state.config.listen.max_body_bytes, state.config.limits)
         understand = partial(
             classify,
             ex.body,
@@ -76,7 +82,7 @@ async def handle(
             request_id=rid,
             header_class=_header(request, "X-Request-Class", tenant, "request_class"),
             key_class=tenant.spec.request_class if tenant is not None else None,
-            session_key=request.headers.get("X-Session-Id"),
+            session_key=headers.get("X-Session-Id"),
             settings=state.config.classification,
         )
         # In a thread, the event loop still gets its turns (every switch interval) meanwhile.
@@ -102,7 +108,7 @@ async def handle(
             state.connections,
             targets,
             req=info,
-            headers=request.headers,
+            headers=headers,
             timeouts=timeouts,
             failover=state.config.failover,
             on_failover=lambda name: state.metrics.failover(policy.name, name),
@@ -136,16 +142,16 @@ async def handle(
             ex.error = relayed.error
             ex.reason = "shutting_down" if ticket.cut else "upstream_broken"
             state.metrics.stream_aborted(policy.name, ex.backend, info.request_class)
-        return relayed.response
+        return relayed.answer
     except UpstreamFault as exc:  # from relay: the answer must not reach the client as sent
         ex.refused(exc)
         ex.protocol_error = exc.kind
         if exc.failed and opened is not None:
             opened.lease.failed()
-        return error_response(exc, extra)
+        return error_answer(exc, extra)
     except RouterError as exc:
         ex.refused(exc)
-        return error_response(exc, extra)
+        return error_answer(exc, extra)
     except UpstreamFailed as exc:
         ex.failovers = exc.failovers
         ex.backend = extra["X-Switchyard-Backend"] = exc.last.backend
@@ -155,7 +161,7 @@ async def handle(
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             refusal = shutting_down()
             ex.refused(refusal)
-            return error_response(refusal, extra)
+            return error_answer(refusal, extra)
         meter = ex.meter
         if meter is not None and meter.done:
             # ...after [DONE] had been passed on: the stream was served whole.
@@ -166,9 +172,9 @@ async def handle(
     except Exception:
         ex.status, ex.reason = 500, "internal"
         if opened is not None:
-            raise  # bytes may be out already; aiohttp drops the connection
+            raise  # bytes may be out already; the server drops the connection
         log.exception("request %s failed inside the router", rid)
-        return error_response(RouterError(500, "internal router error", code="internal"), extra)
+        return error_answer(RouterError(500, "internal router error", code="internal"), extra)
     finally:
         if ticket is not None:
             state.drain.leave(ticket)
@@ -183,14 +189,14 @@ async def handle(
         ex.finish(state)
 
 
-def _header(request: web.Request, name: str, tenant: Tenant | None, setting: str) -> str | None:
+def _header(request: Client, name: str, tenant: Tenant | None, setting: str) -> str | None:
     """Header ``name``, unless the caller's key configures ``setting`` and allows no override."""
     if tenant is not None and not tenant.overrides(getattr(tenant.spec, setting)):
         return None
     return request.headers.get(name)
 
 
-def _policy(request: web.Request, state: RouterState, tenant: Tenant | None) -> Policy:
+def _policy(request: Client, state: RouterState, tenant: Tenant | None) -> Policy:
     """The header's policy (if honoured), else the API key's, else the default."""
     name = _header(request, "X-Switchyard-Policy", tenant, "policy")
     if name is None or not state.config.honor_policy_header:
@@ -273,7 +279,7 @@ def _settlement(ex: Exchange, opened: Opened | None, charged: int) -> int:
     return min(charged, info.prompt_tokens + max(1, output))
 
 
-def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> web.Response:
+def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> Answer:
     """Every attempt failed: record it and answer as :func:`failed_answer` says."""
     last = exc.last
     ex.end = time.monotonic()

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from aiohttp import web
 from multidict import CIMultiDict
 
 from common.sse import StreamMeter
@@ -34,8 +33,8 @@ from router.proxy.upstream import (
     downstream_headers,
     replacement_error,
 )
-from router.server.errors import error_response, sse_error_event
-from router.server.site import flow_control
+from router.server.answer import Answer, Client
+from router.server.errors import error_answer, sse_error_event
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
 
@@ -115,7 +114,8 @@ class IdleWatch:
 class Relayed:
     """What the relay saw; the handler writes it into the request's record."""
 
-    response: web.StreamResponse
+    answer: Answer | None
+    """The whole answer to send; None once a stream went out through the client."""
     status: int
     """The status the client got (:data:`CLIENT_CLOSED` when it left mid-answer)."""
     end: float | None
@@ -128,7 +128,7 @@ class Relayed:
 
 
 async def relay(
-    request: web.Request,
+    client: Client,
     opened: Opened,
     extra: Mapping[str, str],
     meter: StreamMeter,
@@ -147,14 +147,12 @@ async def relay(
     headers = downstream_headers(head.headers, extra)
     if not head.headers.get("Content-Type", "").startswith("text/event-stream"):
         return await _whole(opened, headers, meter, max_body)
-    out = web.StreamResponse(status=head.status, headers=headers)
-    await out.prepare(request)  # aiohttp writes the head now; the chunks below are ours
-    transport = request.transport
+    transport = await client.start(head.status, headers)
     if transport is None:  # the client left while the head was being written
-        return Relayed(out, CLIENT_CLOSED, None)
+        return Relayed(None, CLIENT_CLOSED, None)
     forward = Forward(transport, meter, opened.lease.prefilled, conn)
     watch = IdleWatch(conn, forward, idle) if idle else None
-    flow = flow_control(request)
+    flow = client.flow
     flow.attach(conn.pause, conn.resume)
     broken: str | None = None
     code, status = "upstream_error", 502
@@ -179,16 +177,16 @@ async def relay(
             # Bytes already reached the client, so no retry: end its stream with an error,
             # after whole events only (a held-back partial one is not sent).
             forward.write(sse_error_event(broken, code, status))
-        await out.write_eof()
+        await client.end()
     except ConnectionResetError:
-        return Relayed(out, CLIENT_CLOSED, None)
+        return Relayed(None, CLIENT_CLOSED, None)
     finally:
         flow.detach()
         if watch is not None:
             watch.cancel()
     fault = meter.failure is not None or (watch is not None and watch.fired)
     error = None if broken is None else {"message": broken, "code": code}
-    return Relayed(out, head.status, end, error, backend_fault=fault)
+    return Relayed(None, head.status, end, error, backend_fault=fault)
 
 
 async def _whole(
@@ -225,12 +223,10 @@ async def _whole(
         await asyncio.to_thread(meter.feed_body, body, end)
     else:
         meter.feed_body(body, end)
-    return Relayed(web.Response(status=head.status, body=body, headers=headers), head.status, end)
+    return Relayed(Answer(head.status, headers, body), head.status, end)
 
 
-def failed_answer(
-    last: Failure, extra: Mapping[str, str]
-) -> tuple[web.Response, UpstreamFault | None]:
+def failed_answer(last: Failure, extra: Mapping[str, str]) -> tuple[Answer, UpstreamFault | None]:
     """The client's answer when every attempt failed (``last`` the final one), and the error
     it carries if the router made one.
 
@@ -249,5 +245,5 @@ def failed_answer(
         fault = replacement_error(last.status, last.body or b"", last.backend)
         if fault is None:
             headers = {**extra, "Content-Type": "application/json"}
-            return web.Response(status=last.status, body=last.body, headers=headers), None
-    return error_response(fault, dict(extra)), fault
+            return Answer(last.status, headers, last.body or b""), None
+    return error_answer(fault, dict(extra)), fault

@@ -14,8 +14,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aiohttp import web
-
 from common.sse import StreamMeter
 from policies.types import Endpoint, RequestInfo
 from router.backends.pool import BackendState
@@ -24,23 +22,21 @@ from router.proxy.body import upstream_body
 from router.proxy.relay import failed_answer, relay
 from router.proxy.state import RouterState
 from router.proxy.upstream import Target, UpstreamFailed, UpstreamFault, open_upstream
-from router.server.errors import RouterError, error_response
+from router.server.answer import Answer, Client
+from router.server.errors import RouterError, error_answer
 from router.server.ids import request_id
-from router.server.site import read_body
 
 UTILITY_PATHS: dict[Endpoint, str] = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
 
 
-async def forward(
-    request: web.Request, state: RouterState, endpoint: Endpoint
-) -> web.StreamResponse:
+async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> Answer | None:
     """Answer one ``/tokenize`` or ``/detokenize`` request with a backend's answer."""
     rid = request_id(request.headers.get("X-Request-Id"))
     extra = {"X-Request-Id": rid}
     try:
         state.gate.identify(request.headers)
         limits = state.config.listen
-        raw = await read_body(request, limits.max_body_bytes, state.config.limits)
+        raw = await request.body(limits.max_body_bytes, state.config.limits)
         doc = _parse(raw)
         model = doc.get("model")
         targets = [
@@ -58,7 +54,7 @@ async def forward(
             on_failover=lambda _: None,
         )
     except RouterError as exc:
-        return error_response(exc, extra)
+        return error_answer(exc, extra)
     except UpstreamFailed as exc:
         return failed_answer(exc.last, extra)[0]
     extra["X-Switchyard-Backend"] = opened.target.backend.name
@@ -74,13 +70,13 @@ async def forward(
     except UpstreamFault as exc:  # the answer must not reach the client as sent
         if exc.failed:
             opened.lease.failed()  # an oversized or broken answer counts toward ejection
-        return error_response(exc, extra)
+        return error_answer(exc, extra)
     finally:
         state.connections.release(opened.conn)
         opened.lease.release()
     if relayed.backend_fault:
         opened.lease.failed()
-    return relayed.response
+    return relayed.answer
 
 
 def _parse(raw: bytes) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from router.server.answer import Answer
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -68,14 +70,18 @@ def error_body(
     return orjson.dumps({"error": err})
 
 
-def error_response(exc: RouterError, headers: dict[str, str] | None = None) -> web.Response:
-    """An aiohttp response carrying ``exc`` as OpenAI error JSON (with its own headers)."""
-    return web.Response(
-        status=exc.status,
-        body=error_body(exc.status, exc.message, exc.param, exc.code),
-        content_type="application/json",
-        headers={**headers, **exc.headers} if headers else exc.headers,
+def error_answer(exc: RouterError, headers: dict[str, str] | None = None) -> Answer:
+    """``exc`` as OpenAI error JSON (with its own headers, after ``headers``)."""
+    return Answer(
+        exc.status,
+        {**(headers or {}), **exc.headers, "Content-Type": "application/json"},
+        error_body(exc.status, exc.message, exc.param, exc.code),
     )
+
+
+def error_response(exc: RouterError, headers: dict[str, str] | None = None) -> web.Response:
+    """:func:`error_answer` as an aiohttp response."""
+    return error_answer(exc, headers).response()
 
 
 def sse_error_event(message: str, code: str = "upstream_error", status: int = 502) -> bytes:

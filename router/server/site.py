@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +39,7 @@ from aiohttp.web_server import Server
 from multidict import CIMultiDictProxy
 
 from router.config.model import LimitSettings
+from router.server.answer import Answer, FlowControl, Serve
 from router.server.errors import SERVER, RouterError, error_body, error_response
 
 log = logging.getLogger("router")
@@ -124,37 +125,6 @@ class _Open:
         self.count = 0
 
 
-class FlowControl:
-    """The client socket's writability, for a producer that writes around aiohttp's writer.
-
-    A stream relayed straight to the transport (router.proxy.relay) attaches its pause and
-    resume callbacks; they are called when the client's socket buffer fills and drains.
-    """
-
-    __slots__ = ("_pause", "_resume", "paused")
-
-    def __init__(self) -> None:
-        self.paused = False
-        self._pause: Callable[[], None] | None = None
-        self._resume: Callable[[], None] | None = None
-
-    def attach(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
-        """Route writability changes to ``pause``/``resume`` (paused now: ``pause`` at once)."""
-        self._pause, self._resume = pause, resume
-        if self.paused:
-            pause()
-
-    def detach(self) -> None:
-        self._pause = self._resume = None
-
-    def changed(self, paused: bool) -> None:
-        """Called by the connection's protocol when writing pauses or resumes."""
-        self.paused = paused
-        callback = self._pause if paused else self._resume
-        if callback is not None:
-            callback()
-
-
 def flow_control(request: BaseRequest) -> FlowControl:
     """The flow control of the connection ``request`` arrived on.
 
@@ -163,6 +133,52 @@ def flow_control(request: BaseRequest) -> FlowControl:
     """
     protocol = request.protocol
     return protocol.flow if isinstance(protocol, GuardedHandler) else FlowControl()
+
+
+class AiohttpClient:
+    """:class:`router.server.answer.Client` over an aiohttp request."""
+
+    __slots__ = ("_out", "_request")
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._out: web.StreamResponse | None = None
+
+    @property
+    def method(self) -> str:
+        return self._request.method
+
+    @property
+    def path(self) -> str:
+        return self._request.path
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        return self._request.headers
+
+    @property
+    def flow(self) -> FlowControl:
+        return flow_control(self._request)
+
+    async def body(self, limit: int, limits: LimitSettings) -> bytes:
+        return await read_body(self._request, limit, limits)
+
+    async def start(self, status: int, headers: Mapping[str, str]) -> asyncio.Transport | None:
+        self._out = web.StreamResponse(status=status, headers=headers)
+        await self._out.prepare(self._request)  # aiohttp writes the head now; chunks are ours
+        return self._request.transport
+
+    async def end(self) -> None:
+        assert self._out is not None
+        await self._out.write_eof()
+
+    async def answer(self, serve: Serve) -> web.StreamResponse:
+        """Run ``serve`` for this request; what aiohttp is to send (or has sent) for it."""
+        answer: Answer | None = await serve(self)
+        if answer is None:
+            assert self._out is not None
+            return self._out
+        return answer.response()
 
 
 class GuardedHandler(RequestHandler):
