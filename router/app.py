@@ -16,7 +16,7 @@ from aiohttp import web
 
 from policies.base import Forgets, Policy, ReportsError
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
-from policies.types import REQUEST_CLASSES, Endpoint
+from policies.types import REQUEST_CLASSES
 from router.backends.fleet import Fleet, Resolver, resolve_dns
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
@@ -31,13 +31,15 @@ from router.observe.metrics import Metrics
 from router.observe.tracing import tracing_from_env
 from router.proxy.connection import ConnectionPool
 from router.proxy.drain import CLOSE_SECONDS
-from router.proxy.handler import handle
+from router.proxy.handler import PATHS, handle
 from router.proxy.shadow import Shadows
 from router.proxy.state import RouterState
-from router.proxy.utility import forward
+from router.proxy.utility import UTILITY_PATHS, forward
 from router.reload import Reloader
+from router.server.answer import Serve
 from router.server.errors import SERVER, RouterError, error_response
-from router.server.site import AiohttpClient, GuardedSite, handler_options, single_headers
+from router.server.site import AiohttpClient, handler_options, single_headers
+from router.server.wire import Connections, LeanSite
 
 log = logging.getLogger("router")
 STATE = web.AppKey("state", RouterState)
@@ -165,14 +167,25 @@ def _left(state: RouterState, backend: BackendState) -> None:
                 log.exception("policy %s failed to forget %s", policy.name, backend.name)
 
 
-def _routes(app: web.Application, state: RouterState) -> None:
-    def proxied(endpoint: Endpoint) -> Handler:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            return await AiohttpClient(request).answer(
-                partial(handle, state=state, endpoint=endpoint)
-            )
+def proxied_routes(state: RouterState) -> dict[str, Serve]:
+    """The routes of the request path (and the tokenizer's), by path: served by the lean
+    server (router.server.wire) and, for what it hands over, by aiohttp."""
+    routes: dict[str, Serve] = {
+        path: partial(handle, state=state, endpoint=endpoint) for endpoint, path in PATHS.items()
+    }
+    for endpoint, path in UTILITY_PATHS.items():
+        routes[path] = partial(forward, state=state, endpoint=endpoint)
+    return routes
 
-        return handler
+
+def _on_aiohttp(serve: Serve) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await AiohttpClient(request).answer(serve)
+
+    return handler
+
+
+def _routes(app: web.Application, state: RouterState) -> None:
 
     async def models(request: web.Request) -> web.Response:
         try:
@@ -191,14 +204,6 @@ def _routes(app: web.Application, state: RouterState) -> None:
             message = f"model '{name}' does not exist"
             return error_response(RouterError(404, message, "model", "model_not_found"))
         return _json(_card(name))
-
-    def utility(endpoint: Endpoint) -> Handler:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            return await AiohttpClient(request).answer(
-                partial(forward, state=state, endpoint=endpoint)
-            )
-
-        return handler
 
     async def health(_: web.Request) -> web.Response:
         return _json({"status": "ok", "pid": os.getpid()})
@@ -229,14 +234,10 @@ def _routes(app: web.Application, state: RouterState) -> None:
         )
 
     r = app.router
-    r.add_post("/v1/chat/completions", proxied("chat"))
-    r.add_post("/v1/completions", proxied("completions"))
-    r.add_post("/v1/embeddings", proxied("embeddings"))
-    r.add_post("/v1/responses", proxied("responses"))
+    for path, serve in proxied_routes(state).items():
+        r.add_post(path, _on_aiohttp(serve))
     r.add_get("/v1/models", models)
     r.add_get("/v1/models/{model:.+}", model)  # ids may hold a slash (org/name)
-    r.add_post("/tokenize", utility("tokenize"))
-    r.add_post("/detokenize", utility("detokenize"))
     r.add_get("/health", health)
     r.add_get("/ready", ready)
     r.add_get("/metrics", metrics)
@@ -315,10 +316,12 @@ async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[N
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """A running router: its runner (for cleanup) and the URL it listens on."""
+    """A running router: its runner (for cleanup), the URL it listens on and its lean
+    server's connections."""
 
     runner: web.AppRunner
     url: str
+    connections: Connections
 
 
 async def serve(app: web.Application, sock: socket.socket) -> Served:
@@ -328,8 +331,11 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
     upstream request at once and frees the engine's slot. TCP_NODELAY is set on every
     accepted socket (aiohttp's base protocol) and upstream socket (router.proxy.connection).
     """
-    config = app[STATE].config
+    state = app[STATE]
+    config = state.config
     options = {"access_log": None, **handler_options(config.limits)}
+    connections = Connections()
+    app.on_shutdown.append(lambda _: connections.close(CLOSE_SECONDS))
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -338,10 +344,19 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
         **options,
     )
     await runner.setup()
-    site = GuardedSite(runner, sock, config.limits, options, backlog=BACKLOG)
+    site = LeanSite(
+        runner,
+        sock,
+        config.limits,
+        options,
+        backlog=BACKLOG,
+        routes=proxied_routes(state),
+        max_body=config.listen.max_body_bytes,
+        connections=connections,
+    )
     await site.start()
     host, port = sock.getsockname()[:2]
-    return Served(runner, f"http://{host}:{port}")
+    return Served(runner, f"http://{host}:{port}", connections)
 
 
 def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:

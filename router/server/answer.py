@@ -12,9 +12,9 @@ body whichever server runs it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -96,5 +96,5 @@ class Client(Protocol):
         ...
 
 
-Serve = Callable[[Client], Awaitable[Answer | None]]
+Serve = Callable[[Client], Coroutine[Any, Any, Answer | None]]
 """A route of the request path: its :class:`Answer`, or None once it streamed one."""

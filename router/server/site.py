@@ -44,7 +44,7 @@ from router.server.errors import SERVER, RouterError, error_body, error_response
 
 log = logging.getLogger("router")
 _MAX_MESSAGE = 200
-# Media types read as JSON: JSON itself, and none declared (see _check_media).
+# Media types read as JSON: JSON itself, and none declared (see check_media).
 _JSON = frozenset({"application/json", "application/octet-stream", ""})
 # Encodings the body arrives decoded from: aiohttp's parser decodes these (br and zstd only
 # with their modules installed; without, it refuses the request with a 400 itself), and the
@@ -72,22 +72,22 @@ async def read_body(request: web.Request, limit: int, limits: LimitSettings) -> 
     """The whole request body, decoded: 415 unless it is declared JSON (or not declared) in
     an encoding aiohttp decodes, 413 past ``limit`` bytes (decoded), 408 when it takes longer
     than ``limits.body_seconds`` to arrive (a client trickling its body holds a handler)."""
-    _check_media(request.headers)
+    check_media(request.headers)
     if request.content_length is not None and request.content_length > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     try:
         if request.content.is_eof():  # it came with the head: nothing to wait for, no timer
             return await request.read()
         async with asyncio.timeout(limits.body_seconds):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise _too_large(limit) from None
+        raise too_large(limit) from None
     except TimeoutError:
         message = f"request body not received within {limits.body_seconds} s"
         raise RouterError(408, message, code="request_timeout") from None
 
 
-def _check_media(headers: CIMultiDictProxy[str]) -> None:
+def check_media(headers: CIMultiDictProxy[str]) -> None:
     """415 (as vLLM's server answers) for a body declared as anything but JSON, or encoded in
     a way the body did not arrive decoded from. A missing Content-Type, or the generic
     ``application/octet-stream`` that clients send for bytes of no declared type (RFC 9110
@@ -102,8 +102,8 @@ def _check_media(headers: CIMultiDictProxy[str]) -> None:
         raise RouterError(415, message, "Content-Encoding", "unsupported_media_type")
 
 
-def _too_large(limit: int) -> RouterError:
-    return RouterError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+def too_large(limit: int) -> RouterError:
+    return RouterError(413, f"request body exceeds {limit} bytes", code="requesttoo_large")
 
 
 def handler_options(limits: LimitSettings) -> dict[str, Any]:
@@ -116,10 +116,8 @@ def handler_options(limits: LimitSettings) -> dict[str, Any]:
     }
 
 
-class _Open:
+class Opened:
     """The number of connections one site has open."""
-
-    __slots__ = ("count",)
 
     def __init__(self) -> None:
         self.count = 0
@@ -187,7 +185,7 @@ class GuardedHandler(RequestHandler):
     __slots__ = ("_open", "_stall", "_write_timeout", "flow")
 
     def __init__(
-        self, manager: Server, *, opened: _Open, write_timeout: float, **kwargs: Any
+        self, manager: Server, *, opened: Opened, write_timeout: float, **kwargs: Any
     ) -> None:
         super().__init__(manager, **kwargs)
         self._open = opened
@@ -268,7 +266,7 @@ class _Refuse(asyncio.Protocol):
 class GuardedSite(web.SockSite):
     """A ``SockSite`` whose connections are :class:`GuardedHandler`, at most a set number."""
 
-    __slots__ = ("_limits", "_options")
+    __slots__ = ("_limits", "_options", "opened")
 
     def __init__(
         self,
@@ -278,26 +276,35 @@ class GuardedSite(web.SockSite):
         options: dict[str, Any],
         *,
         backlog: int,
+        opened: Opened | None = None,
     ) -> None:
         super().__init__(runner, sock, backlog=backlog)
         self._limits = limits
         self._options = options
+        self.opened = opened if opened is not None else Opened()
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         loop = asyncio.get_running_loop()
-        server = self._runner.server
-        assert server is not None
-        opened = _Open()
-        cap = self._limits.max_connections
-        timeout = self._limits.write_timeout
-        options = self._options
+        opened, cap = self.opened, self._limits.max_connections
 
         def connection() -> asyncio.BaseProtocol:
-            if opened.count >= cap:
-                return _Refuse()
-            return GuardedHandler(
-                server, loop=loop, opened=opened, write_timeout=timeout, **options
-            )
+            return _Refuse() if opened.count >= cap else self.connection()
 
         self._server = await loop.create_server(connection, sock=self._sock, backlog=self._backlog)
+
+    def connection(self) -> asyncio.Protocol:
+        """The protocol of a new connection (within the cap)."""
+        return self.guarded()
+
+    def guarded(self) -> GuardedHandler:
+        """aiohttp's handler for a connection, guarded."""
+        server = self._runner.server
+        assert server is not None
+        return GuardedHandler(
+            server,
+            loop=asyncio.get_running_loop(),
+            opened=self.opened,
+            write_timeout=self._limits.write_timeout,
+            **self._options,
+        )

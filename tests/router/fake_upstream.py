@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
-from router.app import build_app, listen_socket, serve
+from router.app import Served, build_app, listen_socket, serve
 from router.config.parse import load_config
 from tests.router.harness import write_config
 
@@ -155,6 +155,7 @@ class InProcess:
     url: str
     engine: FakeEngine
     config_path: Path
+    served: Served
 
 
 @contextlib.asynccontextmanager
@@ -185,4 +186,4 @@ async def in_process_router(
         # The router's own server (guarded site, handler cancellation), as `router serve` runs.
         served = await serve(app, listen_socket("127.0.0.1", 0))
         stack.push_async_callback(served.runner.cleanup)
-        yield InProcess(app, served.url, engine, path)
+        yield InProcess(app, served.url, engine, path, served)

@@ -1,0 +1,487 @@
+"""The lean HTTP/1.1 server for the proxied routes: framing only, the request path elsewhere.
+
+aiohttp's server side costs about as much per request as all of the router's own request
+handling (issue 18: a bare aiohttp relay spends ~125 µs of CPU a request). Here one
+``asyncio.Protocol`` per connection parses with httptools (llhttp, as the upstream side does:
+router.proxy.connection), runs the route's handler as a task with a :class:`Request` as its
+:class:`router.server.answer.Client`, and writes the answer's bytes itself.
+
+It takes only requests of the usual shape: ``POST`` to one of its routes over HTTP/1.1, with
+a body framed by ``Content-Length`` within the body limit, no ``Transfer-Encoding``,
+``Content-Encoding``, ``Expect`` or ``Upgrade``, none of router.server.site.SINGLE's headers
+repeated, and a head within the header limits. Anything else (another route, a chunked or
+compressed body, a malformed or oversized head, a smuggling shape) is handed, with the bytes
+received of it, to aiohttp's connection handler, which then serves the rest of that
+connection exactly as it serves every connection without this module: its parser refuses
+what it refuses, with the same OpenAI error JSON (router.server.site.GuardedHandler).
+
+What it guarantees itself:
+
+- a head must be complete within ``limits.idle_seconds`` of the connection opening or the
+  previous answer ending, else the connection is closed (idle crowds, slowloris);
+- the body's limits (415, 413, 408) are those of router.server.site.read_body;
+- a client that reads none of its answer for ``limits.write_timeout`` is disconnected, and
+  meanwhile the relay stops reading its upstream (:class:`FlowControl`);
+- a client that goes away cancels its request's task, which closes the upstream request;
+- an answer sent before the request was read whole (a 401, a 408) says ``Connection: close``,
+  and the connection closes once the rest of the request has been read (at most
+  ``body_seconds`` more), so the client is not reset before it reads the answer;
+- pipelining: a request that arrives while the previous one is answered waits unparsed
+  (reading pauses past one head's worth) and is served next; one that arrives in the very
+  segment that ended the previous one cannot be told apart from it, so that previous one's
+  answer says ``Connection: close`` and the client sends the next again (RFC 9112 9.3.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from router.config.model import LimitSettings
+from router.server.answer import Answer, FlowControl, Serve
+from router.server.errors import SERVER, RouterError
+from router.server.site import SINGLE, GuardedSite, Opened, check_media, too_large
+
+log = logging.getLogger("router")
+# Headers whose presence sends a request to aiohttp (see the module docstring).
+_UNUSUAL = frozenset({"transfer-encoding", "content-encoding", "expect", "upgrade"})
+_WATCHED = _UNUSUAL | frozenset(SINGLE) | {"content-length"}
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+class Connections(Opened):
+    """The open connections of one site (aiohttp's are counted too: the cap counts them all);
+    the lean ones are held, for the drain to close."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._all: set[Wire] = set()
+        self.closing = False
+
+    @property
+    def lean(self) -> int:
+        """How many of the open connections the lean server serves."""
+        return len(self._all)
+
+    def add(self, wire: Wire) -> None:
+        self._all.add(wire)
+
+    def discard(self, wire: Wire) -> None:
+        self._all.discard(wire)
+
+    def stop(self) -> None:
+        """Close idle connections now; the others once their answer is out."""
+        self.closing = True
+        for wire in list(self._all):
+            wire.close_if_idle()
+
+    async def close(self, grace: float) -> None:
+        """Close every connection: a request still open gets ``grace`` seconds to finish its
+        record after its client is cut off (its task is cancelled)."""
+        tasks = [task for wire in list(self._all) if (task := wire.abort()) is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+
+
+class _HandOver(Exception):
+    """Raised from a parser callback: the request is one for aiohttp."""
+
+
+class _Pipelined(Exception):
+    """Raised from a parser callback: a request began in the segment that ended another."""
+
+
+class _Date:
+    """The ``Date`` header's value, formatted once a second."""
+
+    __slots__ = ("_second", "_value")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._value = email.utils.formatdate(second, usegmt=True).encode()
+        return self._value
+
+
+_DATE = _Date()
+
+
+def _head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
+    """An answer's head; refuses header text that would split it (as aiohttp's writer does)."""
+    text = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    if "\r" in text.replace("\r\n", "") or "\n" in text.replace("\r\n", ""):
+        raise ValueError("a header name or value contains CR or LF")
+    return b"HTTP/1.1 %d %s\r\n%bServer: %s\r\nDate: %s\r\n%b\r\n" % (
+        status,
+        _REASONS.get(status, b"Unknown"),
+        text.encode("utf-8", "surrogateescape"),
+        SERVER.encode(),
+        _DATE.now(),
+        framing,
+    )
+
+
+class Request:
+    """One request taken by the lean server: :class:`router.server.answer.Client`."""
+
+    __slots__ = ("_body", "_complete", "_length", "_waiter", "_wire", "headers", "method", "path")
+
+    def __init__(self, wire: Wire, path: str, headers: CIMultiDictProxy[str], length: int) -> None:
+        self._wire = wire
+        self.method = "POST"
+        self.path = path
+        self.headers = headers
+        self._length = length
+        self._body = bytearray()
+        self._complete = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def flow(self) -> FlowControl:
+        return self._wire.flow
+
+    async def body(self, limit: int, limits: LimitSettings) -> bytes:
+        check_media(self.headers)
+        if self._length > limit:
+            raise too_large(limit)
+        if not self._complete:  # the rest is on its way: wait, bounded
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(limits.body_seconds):
+                    await self._waiter
+            except TimeoutError:
+                message = f"request body not received within {limits.body_seconds} s"
+                raise RouterError(408, message, code="request_timeout") from None
+        return bytes(self._body)
+
+    async def start(self, status: int, headers: Mapping[str, str]) -> asyncio.Transport | None:
+        return self._wire.start(status, headers)
+
+    async def end(self) -> None:
+        self._wire.end()
+
+    def received(self, piece: bytes) -> None:
+        self._body += piece
+
+    def completed(self) -> None:
+        self._complete = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class Wire(asyncio.Protocol):
+    """One client connection served by the lean server (see the module docstring)."""
+
+    def __init__(
+        self,
+        routes: Mapping[bytes, Serve],
+        limits: LimitSettings,
+        max_body: int,
+        connections: Connections,
+        fallback: Callable[[], asyncio.Protocol],
+    ) -> None:
+        self._routes = routes
+        self._limits = limits
+        self._max_body = max_body
+        self._connections = connections
+        self._fallback = fallback
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self.flow = FlowControl()
+        self._timer: asyncio.TimerHandle | None = None
+        """The head's deadline while one is awaited; the rest of an early-answered request's
+        while it is read."""
+        self._stall: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Answer | None] | None = None
+        self._request: Request | None = None
+        self._raw: bytearray | None = bytearray()
+        """The bytes of the request being parsed, until it is known to be one for here."""
+        self._waiting = bytearray()
+        """Bytes that arrived after the current request, parsed once it is answered."""
+        self._url = bytearray()
+        self._headers: list[tuple[str, str]] = []
+        self._watched: list[str] = []
+        self._head_bytes = 0
+        self._message_done = False
+        self._segment_done = False
+        self._close_after = False
+        self._paused_reading = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # a stream transport
+        self._connections.count += 1
+        self._connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.count -= 1
+        self._connections.discard(self)
+        self._cancel_timer()
+        self._cancel_stall()
+        self._transport = None
+        if self._task is not None:
+            self._task.cancel()  # the client went away: the upstream request is closed
+
+    def data_received(self, data: bytes) -> None:
+        if self._task is not None and self._message_done:
+            self._waiting += data  # the next request: parsed once this one is answered
+            if len(self._waiting) > self._limits.max_header_bytes and self._transport:
+                self._transport.pause_reading()
+                self._paused_reading = True
+            return
+        self._feed(data)
+
+    def pause_writing(self) -> None:
+        self._stall = self._loop.call_later(self._limits.write_timeout, self._stalled)
+        self.flow.changed(True)
+
+    def resume_writing(self) -> None:
+        self._cancel_stall()
+        self.flow.changed(False)
+
+    # -- the site's side --------------------------------------------------------------------
+
+    def close_if_idle(self) -> None:
+        """Close now if no request is being served (the drain has begun)."""
+        if self._task is None and self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> asyncio.Task[Answer | None] | None:
+        """Drop the connection; the task of its open request, if any (now cancelled)."""
+        task = self._task
+        if self._transport is not None:
+            self._transport.abort()
+        return task
+
+    # -- the request path's side (through Request) ------------------------------------------
+
+    def start(self, status: int, headers: Mapping[str, str]) -> asyncio.Transport | None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return None
+        transport.write(_head(status, headers, self._framing(b"Transfer-Encoding: chunked\r\n")))
+        return transport
+
+    def end(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client has gone")
+        transport.write(b"0\r\n\r\n")
+
+    # -- parsing ----------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        if self._raw is not None:
+            self._raw += data
+        self._segment_done = False
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _Pipelined):
+                self._close_after = True  # the rest of the segment is dropped: see above
+            elif self._raw is not None:  # not one for here: aiohttp serves it, or says why not
+                self._hand_over()
+            elif self._transport is not None:
+                self._transport.abort()  # a Content-Length body cannot break; but be safe
+            return
+        if self._raw is not None and len(self._raw) > self._limits.max_header_bytes:
+            self._hand_over()  # a head this big: aiohttp applies its limits to it
+
+    def on_message_begin(self) -> None:
+        if self._segment_done or self._task is not None:
+            raise _Pipelined()
+        self._url.clear()
+        self._headers = []
+        self._watched = []
+        self._head_bytes = 0
+        self._message_done = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > self._limits.max_header_bytes:
+            raise _HandOver()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        limits = self._limits
+        if len(name) + len(value) > limits.max_header_bytes:
+            raise _HandOver()
+        if len(self._headers) >= limits.max_headers:
+            raise _HandOver()
+        key = name.decode("latin-1")
+        lower = key.lower()
+        if lower in _WATCHED:
+            if lower in _UNUSUAL or lower in self._watched:
+                raise _HandOver()
+            self._watched.append(lower)
+        self._headers.append((key, value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        path, _, _ = bytes(self._url).partition(b"?")
+        serve = self._routes.get(path)
+        if serve is None or parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
+            raise _HandOver()
+        headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        length = int(headers.get("Content-Length", "0"))  # digits: llhttp checked them
+        if length > self._max_body:
+            raise _HandOver()  # aiohttp's 413, and it reads the rest before closing
+        self._raw = None  # from here the request is this server's
+        self._cancel_timer()
+        self._request = request = Request(self, path.decode(), headers, length)
+        self._task = task = self._loop.create_task(serve(request))
+        task.add_done_callback(self._answered)
+
+    def on_body(self, body: bytes) -> None:
+        if self._request is not None:
+            self._request.received(body)
+
+    def on_message_complete(self) -> None:
+        self._message_done = self._segment_done = True
+        if not self._parser.should_keep_alive():
+            self._close_after = True
+        if self._request is not None:
+            self._request.completed()
+        if self._task is None:  # answered early: the rest of the request is read, now close
+            self._close()
+
+    # -- answering --------------------------------------------------------------------------
+
+    def _answered(self, task: asyncio.Task[Answer | None]) -> None:
+        """The request's task ended: write its answer (unless streamed), then go on."""
+        self._task = None
+        self._request = None
+        transport = self._transport
+        if task.cancelled() or transport is None:
+            return
+        exc = task.exception()
+        if exc is not None:  # bytes may be out already: the connection cannot go on
+            log.error("error handling a request", exc_info=exc)
+            transport.abort()
+            return
+        early = not self._message_done
+        if early:
+            self._close_after = True
+        answer = task.result()
+        if answer is not None and not transport.is_closing():
+            framing = b"Content-Length: %d\r\n" % len(answer.body)
+            transport.write(_head(answer.status, answer.headers, self._framing(framing)))
+            if answer.body:
+                transport.write(answer.body)
+        if early:  # read the rest of the request (bounded), then close: see the docstring
+            self._timer = self._loop.call_later(self._limits.body_seconds, self._close)
+            return
+        if self._close_after or self._connections.closing:
+            self._close()
+            return
+        self._raw = bytearray()
+        self._await_head()
+        waiting, self._waiting = self._waiting, bytearray()
+        if self._paused_reading:
+            self._paused_reading = False
+            transport.resume_reading()
+        if waiting:
+            self._feed(bytes(waiting))
+
+    def _framing(self, framing: bytes) -> bytes:
+        if self._close_after or not self._message_done or self._connections.closing:
+            return framing + b"Connection: close\r\n"
+        return framing
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _hand_over(self) -> None:
+        """Give the connection, with the bytes of the request begun, to aiohttp's handler."""
+        transport, raw = self._transport, self._raw
+        self._cancel_timer()
+        self._cancel_stall()
+        if transport is None or raw is None or self.flow.paused:
+            if transport is not None:
+                transport.abort()  # (a client not reading its last answer: nothing to save)
+            return
+        self._connections.count -= 1  # aiohttp's handler counts itself
+        self._connections.discard(self)
+        self._transport = None
+        handler = self._fallback()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self._paused_reading:
+            transport.resume_reading()
+        handler.data_received(bytes(raw))
+
+    def _await_head(self) -> None:
+        self._timer = self._loop.call_later(self._limits.idle_seconds, self._close)
+
+    def _close(self) -> None:
+        self._timer = None
+        if self._transport is not None:
+            self._transport.close()
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self._transport is not None:
+            # abort, not close: close would wait to flush the very buffer nobody reads.
+            self._transport.abort()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _cancel_stall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+
+class LeanSite(GuardedSite):
+    """A :class:`GuardedSite` whose connections start on the lean server (:class:`Wire`)
+    and are handed to aiohttp's guarded handler for what the lean server does not take."""
+
+    __slots__ = ("_max_body", "_routes", "connections")
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        sock: socket.socket,
+        limits: LimitSettings,
+        options: dict[str, Any],
+        *,
+        backlog: int,
+        routes: Mapping[str, Serve],
+        max_body: int,
+        connections: Connections,
+    ) -> None:
+        super().__init__(runner, sock, limits, options, backlog=backlog, opened=connections)
+        self._routes = {path.encode(): serve for path, serve in routes.items()}
+        self._max_body = max_body
+        self.connections = connections
+
+    def connection(self) -> asyncio.Protocol:
+        return Wire(self._routes, self._limits, self._max_body, self.connections, self.guarded)
+
+    async def stop(self) -> None:
+        """Stop accepting; idle lean connections close now, the others after their answer
+        (the rest go when the app shuts down: :meth:`Connections.close`)."""
+        await super().stop()
+        self.connections.stop()

@@ -1,0 +1,164 @@
+"""The lean HTTP/1.1 server (router/server/wire.py) over raw loopback sockets: which
+requests it keeps and which it hands to aiohttp on the same connection, pipelining, answers
+sent before the request was read whole, and the drain's stop. Its limits and refusals are
+checked end to end by tests/integration/test_hardening_*.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.router.fake_upstream import MODEL, InProcess, in_process_router
+from tests.router.harness import base_config
+
+Head = tuple[int, dict[str, str]]
+
+
+def config(**overrides: Any) -> dict[str, Any]:
+    doc = base_config([("fake", "vllm", "fake")], **overrides)
+    doc["health"]["scrape_metrics"] = False
+    return doc
+
+
+def chat(stream: bool = False, extra: bytes = b"", body: bytes | None = None) -> bytes:
+    doc = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    data = orjson.dumps(doc) if body is None else body
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"%bContent-Length: %d\r\n\r\n%b" % (extra, len(data), data)
+    )
+
+
+async def connect(ip: InProcess) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = ip.url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def answer(reader: asyncio.StreamReader) -> tuple[Head, bytes]:
+    """One HTTP/1.1 answer: (status, headers) and its body (de-chunked)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines[1:] if line)}
+    if "content-length" in headers:
+        return (status, headers), await reader.readexactly(int(headers["content-length"]))
+    body = b""
+    while size := int((await reader.readline()).strip(), 16):
+        body += await reader.readexactly(size)
+        await reader.readline()
+    await reader.readline()
+    return (status, headers), body
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    return await asyncio.wait_for(reader.read(), 5) == b""
+
+
+async def test_a_connection_goes_to_aiohttp_for_another_route_and_stays_there(
+    tmp_path: Path,
+) -> None:
+    async with in_process_router(tmp_path, config()) as ip:
+        connections = ip.served.connections
+        reader, writer = await connect(ip)
+        writer.write(chat())
+        (status, headers), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["choices"]
+        assert headers["server"] == "switchyard" and "x-request-id" in headers
+        assert connections.lean == 1
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        (status, _), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["data"][0]["id"] == MODEL
+        assert connections.lean == 0 and connections.count == 1  # aiohttp's now
+        writer.write(chat())
+        (status, _), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["choices"]
+        writer.close()
+
+
+async def test_unusual_shapes_are_served_by_aiohttp_from_their_first_byte(
+    tmp_path: Path,
+) -> None:
+    chunked = b'{"model":"%b","messages":[{"role":"user","content":"hi"}]}' % MODEL.encode()
+    async with in_process_router(tmp_path, config()) as ip:
+        reader, writer = await connect(ip)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"%x\r\n%b\r\n0\r\n\r\n" % (len(chunked), chunked)
+        )
+        (status, _), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["choices"]
+        assert ip.served.connections.lean == 0
+        writer.close()
+
+
+async def test_a_request_sent_during_a_stream_is_answered_after_it(tmp_path: Path) -> None:
+    async with in_process_router(tmp_path, config()) as ip:
+        ip.engine.release.clear()
+        reader, writer = await connect(ip)
+        writer.write(chat(stream=True))
+        await asyncio.wait_for(ip.engine.streaming.wait(), 5)
+        writer.write(chat())  # pipelined: waits, unparsed, until the stream has ended
+        await asyncio.sleep(0.05)
+        assert len(ip.engine.bodies) == 1
+        ip.engine.release.set()
+        (status, headers), body = await answer(reader)
+        assert status == 200 and headers["content-type"] == "text/event-stream"
+        assert body.endswith(b"data: [DONE]\n\n")
+        (status, headers), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["choices"]
+        assert "connection" not in headers  # still keep-alive
+        writer.close()
+
+
+async def test_two_requests_in_one_segment_get_one_answer_and_a_close(tmp_path: Path) -> None:
+    async with in_process_router(tmp_path, config()) as ip:
+        reader, writer = await connect(ip)
+        writer.write(chat() + chat())
+        (status, headers), _ = await answer(reader)
+        assert status == 200 and headers["connection"] == "close"
+        assert await closed(reader)
+        assert len(ip.engine.bodies) == 1  # the second was never served: the client resends
+        writer.close()
+
+
+async def test_an_answer_before_the_whole_body_closes_once_the_body_is_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SY_TEST_WIRE_KEY", "sk-right")
+    doc = config(api_keys=[{"name": "team", "env": "SY_TEST_WIRE_KEY"}], require_api_key=True)
+    async with in_process_router(tmp_path, doc) as ip:
+        reader, writer = await connect(ip)
+        request = chat(extra=b"Authorization: Bearer sk-wrong\r\n")
+        writer.write(request[:-10])
+        (status, headers), body = await answer(reader)
+        assert status == 401 and orjson.loads(body)["error"]["code"] == "invalid_api_key"
+        assert headers["connection"] == "close"
+        await asyncio.sleep(0.05)
+        assert not reader.at_eof()  # the rest of the request is read before closing
+        writer.write(request[-10:])
+        assert await closed(reader)
+        writer.close()
+
+
+async def test_stop_closes_idle_connections_and_lets_a_stream_finish(tmp_path: Path) -> None:
+    async with in_process_router(tmp_path, config()) as ip:
+        idle_reader, idle_writer = await connect(ip)
+        idle_writer.write(chat())
+        await answer(idle_reader)
+        ip.engine.release.clear()
+        reader, writer = await connect(ip)
+        writer.write(chat(stream=True))
+        await asyncio.wait_for(ip.engine.streaming.wait(), 5)
+        for site in ip.served.runner.sites:
+            await site.stop()
+        assert await closed(idle_reader)
+        ip.engine.release.set()
+        (status, _), body = await answer(reader)
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+        assert await closed(reader)  # once its answer is out
+        idle_writer.close()
+        writer.close()
