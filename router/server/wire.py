@@ -44,7 +44,6 @@ from http import HTTPStatus
 from typing import Any
 
 import httptools
-from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.config.model import LimitSettings
@@ -462,17 +461,15 @@ class LeanSite(GuardedSite):
 
     def __init__(
         self,
-        runner: web.BaseRunner,
-        sock: socket.socket,
-        limits: LimitSettings,
-        options: dict[str, Any],
-        *,
-        backlog: int,
+        *args: Any,
         routes: Mapping[str, Serve],
         max_body: int,
         connections: Connections,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(runner, sock, limits, options, backlog=backlog, opened=connections)
+        """``args``/``kwargs``: :class:`GuardedSite`'s; ``routes``: the lean server's, by
+        path; ``max_body``: the body limit (a larger declared body goes to aiohttp)."""
+        super().__init__(*args, opened=connections, **kwargs)
         self._routes = {path.encode(): serve for path, serve in routes.items()}
         self._max_body = max_body
         self.connections = connections
