@@ -268,8 +268,9 @@ class AdaptivePolicy:
         # (end-to-end seconds per output token, queueing and prefill included): until it has
         # finished a batch request nothing is borrowed. A low-TTFT replica's is its own
         # observed batch pace once a spilled request has finished there; before that it takes
-        # one probe at a time, and only if its TTFT and TPOT learned from interactive streams
-        # say the probe would finish sooner, so it is measured within the first few spills.
+        # probes, no more than ``initial_inflight`` at once (the limit trusted before anything
+        # is measured), and only while its TTFT and TPOT learned from interactive streams say
+        # a probe would finish sooner, so it is measured within the first few spills.
         paces = [self.pace.pace(c.name) for c in high]
         if any(p is None for p in paces):
             return None
@@ -283,8 +284,9 @@ class AdaptivePolicy:
                 continue
             pace = self.pace.pace(c.name)
             if pace is None:
-                if self.spilled(c.name) or not self.tpot.measured(c.name):
-                    continue  # its probe is still running, or nothing measured yet
+                probing = self.spilled(c.name)
+                if probing >= spill.initial_inflight or not self.tpot.measured(c.name):
+                    continue  # enough probes are running, or nothing is measured yet
                 finish = predicted[c.name] + out * self.tpot.tpot(c.name)
             else:
                 finish = pace * out

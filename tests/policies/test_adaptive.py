@@ -131,7 +131,8 @@ def test_spill_only_on_measured_finish_times() -> None:
         )
     assert policy.tpot.tpot("vllm") == pytest.approx(0.04, rel=0.05)
     assert policy.choose(batch("b2"), snap(0, 100_000)).ranked[0] == "deepinfer"
-    # now 5 ms: 0.2 + 3.8 s beats 8.4 s, so one probe goes, and only one until it finishes
+    # now 5 ms: 0.2 + 3.8 s beats 8.4 s, so probes go: initial_inflight (2) of them at
+    # most until one finishes
     for i in range(60):
         req = interactive(f"j{i}")
         policy.on_finish(
@@ -139,7 +140,9 @@ def test_spill_only_on_measured_finish_times() -> None:
         )
     assert policy.choose(batch("b3"), snap(0, 100_000)).ranked[0] == "vllm"
     cands = snap(8000, 100_000, vllm_inflight=1)
-    assert policy.choose(batch("b4"), cands).ranked[0] == "deepinfer"
+    assert policy.choose(batch("b4"), cands).ranked[0] == "vllm"
+    cands = snap(16_000, 100_000, vllm_inflight=2)
+    assert policy.choose(batch("b4b"), cands).ranked[0] == "deepinfer"
     # the probe took 20 ms per token there (slower than deepinfer): no more spills, whatever
     # the streams' TPOT says
     policy.on_finish(batch("b3"), "vllm", Outcome(200, True, 8000, 768, e2e_s=0.02 * 768))
@@ -306,11 +309,13 @@ def test_slo_met(outcome: Outcome, met: bool) -> None:
 def test_learning_moves_interactive_off_a_slow_engine() -> None:
     policy = build()
     assert policy.choose(interactive("x"), snap(10_000, 0)).ranked[0] == "vllm"
-    # vllm turns out to prefill 5k tokens/s, not 40k: 10k queued + 1k is 2.2 s there
+    # vllm turns out to prefill 5k tokens/s, not 40k, one queue: 10k queued + 1k is 2.2 s
     for i in range(40):
-        req = interactive(f"s{i}", prompt=2000)
-        policy.choose(req, snap(3000, 0))
-        policy.on_finish(req, "vllm", Outcome(200, True, prompt_tokens=2000, ttft_s=1.0))
+        prompt, queued = 1000 + 50 * i, 2000 + 100 * (i % 7)
+        req = interactive(f"s{i}", prompt=prompt)
+        policy.choose(req, snap(queued, 0))
+        ttft = (prompt + queued) / 5000
+        policy.on_finish(req, "vllm", Outcome(200, True, prompt_tokens=prompt, ttft_s=ttft))
     assert policy.predictor.rate("vllm") == pytest.approx(5000, rel=0.05)
     assert policy.choose(interactive("y"), snap(10_000, 0)).ranked[0] == "deepinfer"
 

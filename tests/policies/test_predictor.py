@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from policies.predictor import PRIOR_SECONDS, TpotTracker, TtftPredictor, queued_prefill_tokens
+from policies.predictor import TpotTracker, TtftPredictor, queued_prefill_tokens
 from policies.scorers import PredictedTtftScorer
 from policies.testing import make_candidate, make_request
 from policies.types import Outcome
@@ -69,26 +69,103 @@ def test_prior_until_learned_and_failures_teach_nothing() -> None:
     assert predictor.rate("new") == 500.0
 
 
-def test_one_observation_moves_the_estimate_by_its_weight() -> None:
-    predictor = TtftPredictor({"e": 10_000.0}, alpha=0.5)
-    req = make_request(request_id="x", prompt_tokens=1000)
-    predictor.note(req, {"e": 3000.0})
-    predictor.observe(req, "e", Outcome(200, True, ttft_s=1.0))  # 4000 tokens in 1 s
-    tokens = 0.5 * 10_000 * PRIOR_SECONDS + 0.5 * 4000
-    seconds = 0.5 * PRIOR_SECONDS + 0.5 * 1.0
-    assert predictor.rate("e") == pytest.approx(tokens / seconds)
+Pair = tuple[float, float, float]
+"""Predicted TTFT, actual TTFT, and what one FCFS queue at the true rate would predict."""
+
+
+def ranked_engine(
+    ranks: int, rate: float, n: int, seed: int = 3
+) -> tuple[TtftPredictor, list[Pair]]:
+    """Poisson arrivals on ``ranks`` data-parallel ranks, each prefilling ``rate`` tokens/s
+    FCFS after a fixed 20 ms; a request joins the rank with the least prefill pending (vLLM's
+    DP front end). The router sees the engine's queue as one total."""
+    predictor = TtftPredictor({"e": rate}, alpha=0.1)
+    rng = random.Random(seed)
+    now = 0.0
+    busy = [0.0] * ranks  # when each rank's prefill queue runs dry
+    pending: list[tuple[float, str, int, float]] = []
+    pairs = []
+    for i in range(n):
+        now += rng.expovariate(1.5 * ranks)  # 80% busy: the engine often has a queue
+        for done in [p for p in pending if p[0] <= now]:
+            pending.remove(done)
+            req = make_request(request_id=done[1], prompt_tokens=done[2])
+            predictor.observe(req, "e", Outcome(200, True, ttft_s=done[0] - done[3]))
+        prompt = rng.randint(500, 4000)
+        ahead = sum(max(0.0, b - now) for b in busy) * rate
+        req = make_request(request_id=f"r{i}", prompt_tokens=prompt)
+        predictor.note(req, {"e": ahead})
+        k = min(range(ranks), key=lambda r: busy[r])
+        busy[k] = max(busy[k], now) + 0.02 + prompt / rate
+        pending.append((busy[k], req.request_id, prompt, now))
+        one_queue = 0.02 + (ahead + prompt) / rate
+        pairs.append((predictor.predict("e", ahead, prompt), busy[k] - now, one_queue))
+    return predictor, pairs
+
+
+def mape(pairs: list[Pair], column: int = 0) -> float:
+    return sum(abs(p[column] - p[1]) / p[1] for p in pairs) / len(pairs)
+
+
+def test_learns_how_much_of_the_queue_data_parallel_ranks_share() -> None:
+    """One rank: a new request waits behind the whole queue, and the line is learned exactly.
+    Eight balanced ranks: behind a fraction of it, which the predictor learns online; one
+    queue at the true rate would be far off."""
+    one, pairs = ranked_engine(1, 4400.0, 1500)
+    assert one.share("e") == pytest.approx(1.0, abs=0.01)
+    assert one.fixed_s("e") == pytest.approx(0.02, abs=0.001)
+    assert one.rate("e") == pytest.approx(4400.0, rel=0.01)
+    assert mape(pairs[500:]) < 0.01
+    eight, pairs = ranked_engine(8, 4400.0, 1500)
+    assert eight.share("e") < 0.2
+    assert mape(pairs[500:]) < 0.15
+    assert mape(pairs[500:], column=2) > 3 * mape(pairs[500:])
+
+
+def test_share_is_learned_per_backend() -> None:
+    predictor = TtftPredictor({"ranks": 4000.0, "queue": 4000.0}, alpha=0.2)
+    assert predictor.share("ranks") == predictor.share("queue") == 1.0  # the prior: one queue
+    rng = random.Random(5)
+    for i in range(200):
+        prompt, ahead = rng.randint(500, 4000), 2000.0 * (i % 3)
+        for backend, waits in (("ranks", 0.0), ("queue", ahead)):
+            req = make_request(request_id=f"{backend}{i}", prompt_tokens=prompt)
+            predictor.note(req, {backend: ahead})
+            ttft = 0.01 + (prompt + waits) / 4000.0
+            predictor.observe(req, backend, Outcome(200, True, ttft_s=ttft))
+    assert predictor.share("ranks") < 0.01
+    assert predictor.share("queue") == pytest.approx(1.0, abs=0.001)
+    for backend in ("ranks", "queue"):
+        # the prior (one queue) still pulls a little: "ranks" pays for it in a fixed cost
+        assert predictor.fixed_s(backend) == pytest.approx(0.01, abs=0.005)
+        assert predictor.rate(backend) == pytest.approx(4000.0, rel=0.02)
+
+
+def test_an_outlier_moves_the_line_little() -> None:
+    predictor = TtftPredictor({"e": 4000.0}, alpha=0.1)
+    for i in range(100):
+        req = make_request(request_id=f"r{i}", prompt_tokens=1000 + 20 * (i % 40))
+        predictor.note(req, {"e": 0.0})
+        predictor.observe(req, "e", Outcome(200, True, ttft_s=0.05 + req.prompt_tokens / 4000))
+    before = predictor.predict("e", 0.0, 1000)
+    stall = make_request(request_id="stall", prompt_tokens=1000)
+    predictor.note(stall, {"e": 0.0})
+    predictor.observe(stall, "e", Outcome(200, True, ttft_s=10 * before))
+    # at full weight one observation of ten times the line would move it by about 90%
+    assert before <= predictor.predict("e", 0.0, 1000) < 1.1 * before
 
 
 def test_pending_memory_is_bounded() -> None:
     predictor = TtftPredictor({"e": 1000.0}, pending_limit=3)
     for i in range(10):
         predictor.note(make_request(request_id=f"r{i}"), {"e": 99_000.0})
-    # r0's note was dropped: its outcome counts only its own prompt, not the 99k ahead
+    # r0's note was dropped: its outcome is learned as if nothing was queued ahead of it, so
+    # the share of the queue stays the prior's (a queue seen only in r0's note)
     predictor.observe(
-        make_request(request_id="r0", prompt_tokens=1000), "e", Outcome(200, True, ttft_s=1.0)
+        make_request(request_id="r0", prompt_tokens=1000), "e", Outcome(200, True, ttft_s=0.5)
     )
-    expected = (0.9 * 1000 * PRIOR_SECONDS + 0.1 * 1000) / (0.9 * PRIOR_SECONDS + 0.1)
-    assert predictor.rate("e") == pytest.approx(expected)
+    assert predictor.share("e") == pytest.approx(1.0, abs=0.001)
+    assert len(predictor._pending) == 3
 
 
 @pytest.mark.parametrize(

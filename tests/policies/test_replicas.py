@@ -4,6 +4,8 @@ what they learned of one that left (policies.base.Forgets)."""
 
 from __future__ import annotations
 
+import pytest
+
 from policies.adaptive import AdaptivePolicy
 from policies.base import Forgets
 from policies.registry import build_policy
@@ -45,9 +47,9 @@ def test_adaptive_starts_a_replica_from_its_backends_prior_and_forgets_it() -> N
     policy = build_policy("a", "adaptive", params, BACKENDS)
     assert isinstance(policy, AdaptivePolicy) and isinstance(policy, Forgets)
     assert policy.predictor.rate(ONE) == 50_000.0  # the configured backend's prior
-    _learn(policy, ONE, ttft=1.0)  # 1000 tokens a second: far below the prior
-    learned = policy.predictor.rate(ONE)
-    assert learned < 10_000.0
+    assert policy.predictor.predict(ONE, 0.0, 1000) == pytest.approx(0.02)
+    _learn(policy, ONE, ttft=1.0)  # a second for 1000 tokens: far slower than the prior
+    assert policy.predictor.predict(ONE, 0.0, 1000) == pytest.approx(1.0, rel=0.05)
     policy.forget(ONE)
     assert policy.predictor.rate(ONE) == 50_000.0  # a replica that comes back starts afresh
     assert policy.predictor.rate(TWO) == 50_000.0
