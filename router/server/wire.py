@@ -8,8 +8,8 @@ router.proxy.connection), runs the route's handler as a task with a :class:`Requ
 
 It takes only requests of the usual shape: ``POST`` to one of its routes over HTTP/1.1, with
 a body framed by ``Content-Length`` within the body limit, no ``Transfer-Encoding``,
-``Content-Encoding``, ``Expect`` or ``Upgrade``, none of router.server.site.SINGLE's headers
-repeated, and a head within the header limits. Anything else (another route, a chunked or
+``Content-Encoding``, ``Expect`` or ``Upgrade``, no header repeated, and a head of at most
+``limits.max_header_bytes`` and ``limits.max_headers``. Anything else (another route, a chunked or
 compressed body, a malformed or oversized head, a smuggling shape) is handed, with the bytes
 received of it, to aiohttp's connection handler, which then serves the rest of that
 connection exactly as it serves every connection without this module: its parser refuses
@@ -49,12 +49,11 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from router.config.model import LimitSettings
 from router.server.answer import Answer, FlowControl, Serve
 from router.server.errors import SERVER, RouterError
-from router.server.site import SINGLE, GuardedSite, Opened, check_media, too_large
+from router.server.site import GuardedSite, Opened, check_media, too_large
 
 log = logging.getLogger("router")
 # Headers whose presence sends a request to aiohttp (see the module docstring).
-_UNUSUAL = frozenset({"transfer-encoding", "content-encoding", "expect", "upgrade"})
-_WATCHED = _UNUSUAL | frozenset(SINGLE) | {"content-length"}
+_UNUSUAL = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
@@ -122,8 +121,8 @@ _DATE = _Date()
 
 def _head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
     """An answer's head; refuses header text that would split it (as aiohttp's writer does)."""
-    text = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    if "\r" in text.replace("\r\n", "") or "\n" in text.replace("\r\n", ""):
+    text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    if text.count("\n") != len(headers) or text.count("\r") != len(headers):
         raise ValueError("a header name or value contains CR or LF")
     return b"HTTP/1.1 %d %s\r\n%bServer: %s\r\nDate: %s\r\n%b\r\n" % (
         status,
@@ -214,9 +213,8 @@ class Wire(asyncio.Protocol):
         self._waiting = bytearray()
         """Bytes that arrived after the current request, parsed once it is answered."""
         self._url = bytearray()
-        self._headers: list[tuple[str, str]] = []
-        self._watched: list[str] = []
-        self._head_bytes = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head_size = 0
         self._message_done = False
         self._segment_done = False
         self._close_after = False
@@ -312,8 +310,7 @@ class Wire(asyncio.Protocol):
             raise _Pipelined()
         self._url.clear()
         self._headers = []
-        self._watched = []
-        self._head_bytes = 0
+        self._head_size = 0
         self._message_done = False
 
     def on_url(self, url: bytes) -> None:
@@ -322,18 +319,8 @@ class Wire(asyncio.Protocol):
             raise _HandOver()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        limits = self._limits
-        if len(name) + len(value) > limits.max_header_bytes:
-            raise _HandOver()
-        if len(self._headers) >= limits.max_headers:
-            raise _HandOver()
-        key = name.decode("latin-1")
-        lower = key.lower()
-        if lower in _WATCHED:
-            if lower in _UNUSUAL or lower in self._watched:
-                raise _HandOver()
-            self._watched.append(lower)
-        self._headers.append((key, value.decode("utf-8", "surrogateescape")))
+        self._headers.append((name, value))  # checked once the head is complete
+        self._head_size += len(name) + len(value)
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -341,7 +328,22 @@ class Wire(asyncio.Protocol):
         serve = self._routes.get(path)
         if serve is None or parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
             raise _HandOver()
-        headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        raw, limits = self._headers, self._limits
+        names = {n.lower() for n, _ in raw}
+        # Past the limits, with a header repeated (aiohttp refuses a repeated Content-Length
+        # or router.server.site.SINGLE header) or an unusual one, the request is aiohttp's.
+        if (
+            len(raw) > limits.max_headers
+            or len(self._url) + self._head_size > limits.max_header_bytes
+            or len(names) < len(raw)
+            or not names.isdisjoint(_UNUSUAL)
+        ):
+            raise _HandOver()
+        headers = CIMultiDictProxy(
+            CIMultiDict(
+                [(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in raw]
+            )
+        )
         length = int(headers.get("Content-Length", "0"))  # digits: llhttp checked them
         if length > self._max_body:
             raise _HandOver()  # aiohttp's 413, and it reads the rest before closing
