@@ -295,9 +295,11 @@ def _versus(upstream: str, router: str, pid: int, args: argparse.Namespace, tmp:
     from benchmarks import proxy_floor
     from benchmarks import proxy_versus as vs
 
-    floor, floor_url = spawn_ready([sys.executable, "-m", "benchmarks.proxy_floor", upstream],
-                                   proxy_floor.READY, 30)  # fmt: skip
-    proxies = [vs.Proxy("switchyard", router, pid), vs.Proxy("floor", floor_url, floor.pid)]
+    floor_argv = [sys.executable, "-m", "benchmarks.proxy_floor", upstream]
+    floor, floor_url = spawn_ready(floor_argv, proxy_floor.READY, 30)
+    lean, lean_url = spawn_ready([*floor_argv, "--lean"], proxy_floor.READY, 30)
+    proxies = [vs.Proxy("switchyard", router, pid), vs.Proxy("floor", floor_url, floor.pid),
+               vs.Proxy("floor-lean", lean_url, lean.pid)]  # fmt: skip
     base = None
     if args.baseline:  # the router package imported from that tree, on the same config
         run = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('router')"
@@ -318,7 +320,7 @@ def _versus(upstream: str, router: str, pid: int, args: argparse.Namespace, tmp:
         )
         vs.report(vs.measure(upstream, proxies, args.rounds, 8000), None if rust else found)
     finally:
-        for proc in (floor, base, rust):
+        for proc in (floor, lean, base, rust):
             if proc is not None:
                 proc.terminate()
                 proc.wait(10)

@@ -9,9 +9,10 @@ and at 64 chunks a stream, then non-streamed one-chunk answers. Per proxy it pri
 seconds per 1,000 chunks at both lengths (utime+stime from /proc), the fit of cost per chunk
 = per-chunk + per-request / chunks over the two lengths, the added TTFT P50 (proxy minus
 direct) and the non-streamed requests per CPU second (what one busy core would serve), then
-issue 18's targets marked met or missed. A third row, ``floor``, is benchmarks/proxy_floor.py:
-the router's server and upstream sides with none of its request handling, the least any change
-to that handling could reach. Without ``vllm-router`` on the PATH (``pip install vllm-router``)
+issue 18's targets marked met or missed. Two more rows are benchmarks/proxy_floor.py, the
+router's server and upstream sides with none of its request handling, the least any change to
+that handling could reach: ``floor`` on aiohttp's server, ``floor-lean`` on the lean server
+that serves the router's proxied routes (router/server/wire.py). Without ``vllm-router`` on the PATH (``pip install vllm-router``)
 it says so and prints the other rows alone.
 """
 
