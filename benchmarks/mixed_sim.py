@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from common.capture import CaptureRecord
+from policies.base import Policy
 from policies.types import Outcome, Slo
 from replay.client import Result
 from replay.plan import Planned
@@ -34,6 +35,9 @@ class Cell:
     rate: float
     duration: float
     seed: int = 0
+    batch_prompt: tuple[int, int] = (6000, 8192)
+    """A batch request's prompt tokens, drawn uniformly between these (inclusive)."""
+    batch_output: tuple[int, int] = (512, 1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,20 +83,36 @@ def percentile(values: list[float], q: float) -> float:
 def run_cell(config: RouterConfig, policy: str, cell: Cell, slo: Slo, low: str = "vllm") -> Figures:
     """Run ``policy`` of ``config`` over ``cell`` on fresh engine models."""
     world = World(config, {})
-    pol = world.policies[policy]
+    return run_in(world, world.policies[policy], cell, slo, low)
+
+
+Seen = list[tuple[Item, Result, float]]
+"""Every answered or refused request: its item, its result and when it was sent."""
+
+
+def run_in(
+    world: World, pol: Policy, cell: Cell, slo: Slo, low: str = "vllm", seen: Seen | None = None
+) -> Figures:
+    """Run ``pol`` over ``cell`` in ``world`` (fresh); every result also goes to ``seen``."""
+    policy = pol.name
     batch_rng = random.Random(cell.seed + 1)
     rows = iter(range(1, 10**9, 2))  # batch rows odd, interactive even: unique in the heap
     ttfts: list[float] = []
-    met = seen = 0
+    met = interactive = 0
     batch_tokens = on_low = batch_total = 0
     sim: Simulation
 
     def batch_request(at: float) -> Planned:
-        prompt, output = batch_rng.randint(6000, 8192), batch_rng.randint(512, 1024)
+        prompt, output = (
+            batch_rng.randint(*cell.batch_prompt),
+            batch_rng.randint(*cell.batch_output),
+        )
         return Planned(at, _item(next(rows), prompt, output, batch=True))
 
     def on_result(item: Item, r: Result, sent: float) -> None:
-        nonlocal met, seen, batch_tokens, on_low, batch_total
+        nonlocal met, interactive, batch_tokens, on_low, batch_total
+        if seen is not None:
+            seen.append((item, r, sent))
         end = sent + (r.e2e or 0.0)
         if r.request_class == "batch":
             batch_total += 1
@@ -102,7 +122,7 @@ def run_cell(config: RouterConfig, policy: str, cell: Cell, slo: Slo, low: str =
             if r.ok and world.now < cell.duration:  # a refusal would repeat at once
                 sim.follow(batch_request(world.now))
             return
-        seen += 1
+        interactive += 1
         if r.ok and r.ttft is not None:
             ttfts.append(r.ttft)
         tpot = None
@@ -119,7 +139,7 @@ def run_cell(config: RouterConfig, policy: str, cell: Cell, slo: Slo, low: str =
     mape = error() if callable(error) else {}
     return Figures(
         percentile(ttfts, 0.95),
-        met / seen if seen else float("nan"),
+        met / interactive if interactive else float("nan"),
         batch_tokens / cell.duration,
         on_low,
         batch_total,
