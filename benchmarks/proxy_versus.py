@@ -12,8 +12,8 @@ direct) and the non-streamed requests per CPU second (what one busy core would s
 issue 18's targets marked met or missed. Two more rows are benchmarks/proxy_floor.py, the
 router's server and upstream sides with none of its request handling, the least any change to
 that handling could reach: ``floor`` on aiohttp's server, ``floor-lean`` on the lean server
-that serves the router's proxied routes (router/server/wire.py). Without ``vllm-router`` on the PATH (``pip install vllm-router``)
-it says so and prints the other rows alone.
+that serves the router's proxied routes (router/server/wire.py). Without ``vllm-router`` on
+the PATH (``pip install vllm-router``) it says so and prints the other rows alone.
 """
 
 from __future__ import annotations

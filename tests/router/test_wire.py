@@ -162,3 +162,70 @@ async def test_stop_closes_idle_connections_and_lets_a_stream_finish(tmp_path: P
         assert await closed(reader)  # once its answer is out
         idle_writer.close()
         writer.close()
+
+
+_CHAT = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+SPLIT_CASES = {
+    "lean": (chat(), 200),
+    "chunked: aiohttp's": (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"%x\r\n%b\r\n0\r\n\r\n" % (len(_CHAT), _CHAT),
+        200,
+    ),
+    "another route: aiohttp's": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 200),
+    "malformed: aiohttp's 400": (chat().replace(b"POST", b"P@ST", 1), 400),
+    "repeated header: aiohttp's 400": (chat(extra=b"X-Request-Class: batch\r\n" * 2), 400),
+    "head too long: aiohttp's 400": (chat(extra=b"X-Long: %b\r\n" % (b"a" * 9000)), 400),
+}
+
+
+class _Client(asyncio.Protocol):
+    """A client that keeps what it received even if the connection is reset after."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.lost = asyncio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set()
+
+    def answer(self) -> tuple[int, dict[str, str], bytes] | None:
+        """The first whole answer (with a Content-Length) received, if it has arrived."""
+        head, sep, rest = bytes(self.data).partition(b"\r\n\r\n")
+        if not sep:
+            return None
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines[1:])}
+        length = int(headers["content-length"])
+        return (int(lines[0].split()[1]), headers, rest[:length]) if len(rest) >= length else None
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+async def test_a_request_split_anywhere_gets_the_same_answer(tmp_path: Path, name: str) -> None:
+    """The lean server decides what is aiohttp's from bytes that may arrive one at a time:
+    the answer must not depend on where the segments break. (The client stops sending once
+    an answer arrives: a refusal closes the connection, and writing on would reset it.)"""
+    data, expected = SPLIT_CASES[name]
+    loop = asyncio.get_running_loop()
+    async with in_process_router(tmp_path, config()) as ip:
+        host, port = ip.url.removeprefix("http://").split(":")
+        for size in (len(data), 100, 7, 1):
+            transport, client = await loop.create_connection(_Client, host, int(port))
+            for i in range(0, len(data), size):
+                if client.data or transport.is_closing():
+                    break
+                transport.write(data[i : i + size])
+                await asyncio.sleep(0)
+            async with asyncio.timeout(5):
+                while (got := client.answer()) is None:
+                    assert not client.lost.is_set(), (size, bytes(client.data[:300]))
+                    await asyncio.sleep(0.005)
+            status, headers, body = got
+            assert status == expected, (size, status, body[:200])
+            assert headers["content-type"].startswith("application/json"), (size, headers)
+            if status >= 400:
+                assert orjson.loads(body)["error"]["message"], size
+            transport.close()
