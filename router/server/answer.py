@@ -37,18 +37,22 @@ class Answer:
 
 
 class FlowControl:
-    """The client socket's writability, for a producer that writes straight to its transport.
+    """The client socket's writability, for a producer that writes straight to its transport,
+    and the timeout for a client that reads none of it.
 
     A stream relayed straight to the transport (router.proxy.relay) attaches its pause and
-    resume callbacks; they are called when the client's socket buffer fills and drains.
+    resume callbacks; they are called when the client's socket buffer fills and drains. The
+    connection's protocol reports both (:meth:`pause`, :meth:`resume`), and while the buffer
+    stays full a timer runs that aborts the connection: no per-chunk work, one timer a pause.
     """
 
-    __slots__ = ("_pause", "_resume", "paused")
+    __slots__ = ("_pause", "_resume", "_stall", "paused")
 
     def __init__(self) -> None:
         self.paused = False
         self._pause: Callable[[], None] | None = None
         self._resume: Callable[[], None] | None = None
+        self._stall: asyncio.TimerHandle | None = None
 
     def attach(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
         """Route writability changes to ``pause``/``resume`` (paused now: ``pause`` at once)."""
@@ -59,12 +63,27 @@ class FlowControl:
     def detach(self) -> None:
         self._pause = self._resume = None
 
-    def changed(self, paused: bool) -> None:
-        """Called by the connection's protocol when writing pauses or resumes."""
-        self.paused = paused
-        callback = self._pause if paused else self._resume
-        if callback is not None:
-            callback()
+    def pause(self, transport: asyncio.WriteTransport, timeout: float) -> None:
+        """The socket's buffer is full: pause the producer, and abort the connection if the
+        client reads nothing more for ``timeout`` seconds (abort, not close: close would wait
+        to flush the very buffer nobody reads)."""
+        self.paused = True
+        self._stall = asyncio.get_running_loop().call_later(timeout, transport.abort)
+        if self._pause is not None:
+            self._pause()
+
+    def resume(self) -> None:
+        """The socket's buffer has drained: the producer goes on."""
+        self.stop()
+        self.paused = False
+        if self._resume is not None:
+            self._resume()
+
+    def stop(self) -> None:
+        """Stop the stalled-reader timer (the connection is gone or changes hands)."""
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
 
 
 class Client(Protocol):

@@ -83,8 +83,7 @@ async def read_body(request: web.Request, limit: int, limits: LimitSettings) -> 
     except web.HTTPRequestEntityTooLarge:
         raise too_large(limit) from None
     except TimeoutError:
-        message = f"request body not received within {limits.body_seconds} s"
-        raise RouterError(408, message, code="request_timeout") from None
+        raise too_slow(limits) from None
 
 
 def check_media(headers: CIMultiDictProxy[str]) -> None:
@@ -102,8 +101,14 @@ def check_media(headers: CIMultiDictProxy[str]) -> None:
         raise RouterError(415, message, "Content-Encoding", "unsupported_media_type")
 
 
+def too_slow(limits: LimitSettings) -> RouterError:
+    """The 408 for a body that did not arrive within ``limits.body_seconds``."""
+    message = f"request body not received within {limits.body_seconds} s"
+    return RouterError(408, message, code="request_timeout")
+
+
 def too_large(limit: int) -> RouterError:
-    return RouterError(413, f"request body exceeds {limit} bytes", code="requesttoo_large")
+    return RouterError(413, f"request body exceeds {limit} bytes", code="request_too_large")
 
 
 def handler_options(limits: LimitSettings) -> dict[str, Any]:
@@ -182,7 +187,7 @@ class AiohttpClient:
 class GuardedHandler(RequestHandler):
     """aiohttp's connection handler with JSON errors and a stalled-reader timeout."""
 
-    __slots__ = ("_open", "_stall", "_write_timeout", "flow")
+    __slots__ = ("_open", "_write_timeout", "flow")
 
     def __init__(
         self, manager: Server, *, opened: Opened, write_timeout: float, **kwargs: Any
@@ -190,7 +195,6 @@ class GuardedHandler(RequestHandler):
         super().__init__(manager, **kwargs)
         self._open = opened
         self._write_timeout = write_timeout
-        self._stall: asyncio.TimerHandle | None = None
         self.flow = FlowControl()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -199,28 +203,17 @@ class GuardedHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._open.count -= 1
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
+        self.flow.stop()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._stall = self._loop.call_later(self._write_timeout, self._disconnect)
-        self.flow.changed(True)
+        if self.transport is not None:
+            self.flow.pause(self.transport, self._write_timeout)
 
     def resume_writing(self) -> None:
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
         super().resume_writing()
-        self.flow.changed(False)
-
-    def _disconnect(self) -> None:
-        self._stall = None
-        if self.transport is not None:
-            # abort, not close: close would wait to flush the very buffer nobody reads.
-            self.transport.abort()
+        self.flow.resume()
 
     def handle_error(
         self,

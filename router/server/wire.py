@@ -48,8 +48,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.config.model import LimitSettings
 from router.server.answer import Answer, FlowControl, Serve
-from router.server.errors import SERVER, RouterError
-from router.server.site import GuardedSite, Opened, check_media, too_large
+from router.server.errors import SERVER
+from router.server.site import GuardedSite, Opened, check_media, too_large, too_slow
 
 log = logging.getLogger("router")
 # Headers whose presence sends a request to aiohttp (see the module docstring).
@@ -163,8 +163,7 @@ class Request:
                 async with asyncio.timeout(limits.body_seconds):
                     await self._waiter
             except TimeoutError:
-                message = f"request body not received within {limits.body_seconds} s"
-                raise RouterError(408, message, code="request_timeout") from None
+                raise too_slow(limits) from None
         return bytes(self._body)
 
     async def start(self, status: int, headers: Mapping[str, str]) -> asyncio.Transport | None:
@@ -205,7 +204,6 @@ class Wire(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         """The head's deadline while one is awaited; the rest of an early-answered request's
         while it is read."""
-        self._stall: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[Answer | None] | None = None
         self._request: Request | None = None
         self._raw: bytearray | None = bytearray()
@@ -235,7 +233,7 @@ class Wire(asyncio.Protocol):
         self._connections.count -= 1
         self._connections.discard(self)
         self._cancel_timer()
-        self._cancel_stall()
+        self.flow.stop()
         self._transport = None
         if self._task is not None:
             self._task.cancel()  # the client went away: the upstream request is closed
@@ -250,12 +248,11 @@ class Wire(asyncio.Protocol):
         self._feed(data)
 
     def pause_writing(self) -> None:
-        self._stall = self._loop.call_later(self._limits.write_timeout, self._stalled)
-        self.flow.changed(True)
+        if self._transport is not None:
+            self.flow.pause(self._transport, self._limits.write_timeout)
 
     def resume_writing(self) -> None:
-        self._cancel_stall()
-        self.flow.changed(False)
+        self.flow.resume()
 
     # -- the site's side --------------------------------------------------------------------
 
@@ -415,7 +412,7 @@ class Wire(asyncio.Protocol):
         """Give the connection, with the bytes of the request begun, to aiohttp's handler."""
         transport, raw = self._transport, self._raw
         self._cancel_timer()
-        self._cancel_stall()
+        self.flow.stop()
         if transport is None or raw is None or self.flow.paused:
             if transport is not None:
                 transport.abort()  # (a client not reading its last answer: nothing to save)
@@ -438,21 +435,10 @@ class Wire(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _stalled(self) -> None:
-        self._stall = None
-        if self._transport is not None:
-            # abort, not close: close would wait to flush the very buffer nobody reads.
-            self._transport.abort()
-
     def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def _cancel_stall(self) -> None:
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
 
 
 class LeanSite(GuardedSite):

@@ -229,3 +229,22 @@ async def test_a_request_split_anywhere_gets_the_same_answer(tmp_path: Path, nam
             if status >= 400:
                 assert orjson.loads(body)["error"]["message"], size
             transport.close()
+
+
+async def test_a_body_over_the_limit_gets_413_and_a_lean_one_within_it_is_served(
+    tmp_path: Path,
+) -> None:
+    doc = config()
+    doc.setdefault("listen", {})["max_body_bytes"] = 2048
+    async with in_process_router(tmp_path, doc) as ip:
+        reader, writer = await connect(ip)
+        writer.write(chat(body=b'{"model":"%b","messages":[]}' % MODEL.encode() + b" " * 2048))
+        (status, _), body = await answer(reader)  # declared too long: aiohttp refuses it
+        assert status == 413 and orjson.loads(body)["error"]["code"] == "request_too_large"
+        writer.close()
+        reader, writer = await connect(ip)
+        writer.write(chat(body=_CHAT + b" " * 1500))
+        (status, _), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["choices"]
+        assert ip.served.connections.lean == 1
+        writer.close()
