@@ -383,9 +383,8 @@ class Wire(asyncio.Protocol):
         answer = task.result()
         if answer is not None and not transport.is_closing():
             framing = b"Content-Length: %d\r\n" % len(answer.body)
-            transport.write(_head(answer.status, answer.headers, self._framing(framing)))
-            if answer.body:
-                transport.write(answer.body)
+            head = _head(answer.status, answer.headers, self._framing(framing))
+            transport.writelines((head, answer.body))  # one send for both
         if early:  # read the rest of the request (bounded), then close: see the docstring
             self._timer = self._loop.call_later(self._limits.body_seconds, self._close)
             return
