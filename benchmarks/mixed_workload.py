@@ -4,9 +4,11 @@
 (benchmarks/mixed_sim.py) at the shipped time scale, batch workers x interactive rate x run
 length, each cell's round-robin, class-split and adaptive figures, adaptive's TTFT
 prediction error and the verdict; then a live spot check of three cells against the real
-embedded default (time-scaled), with the error read from the router's /metrics::
+embedded default at its shipped time scale (``--live-time-scale`` speeds it up, at the
+cost of the wall-clock jitter of a loaded machine growing with it), with the error read
+from the router's /metrics::
 
-    .venv/bin/python -m benchmarks.mixed_workload --grid [--live-time-scale 5]
+    .venv/bin/python -m benchmarks.mixed_workload --grid [--live-time-scale 1]
 
 Without ``--grid``, the live comparison of every policy at two load levels:
 
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", nargs="+", type=int, default=[4, 12, 32, 64])
     p.add_argument("--rates", nargs="+", type=float, default=[0.5, 2.0, 8.0])
     p.add_argument("--durations", nargs="+", type=float, default=[60.0, 300.0])
-    p.add_argument("--live-time-scale", type=float, default=5.0)
+    p.add_argument("--live-time-scale", type=float, default=1.0)
     p.add_argument(
         "--live-cells",
         nargs="*",
