@@ -275,9 +275,16 @@ class AdaptivePolicy:
         if any(p is None for p in paces):
             return None
         out = req.expected_output_tokens
-        # A spill also shortens the home pool's queue for the requests left there, which its
-        # measured pace does not show yet: ``pace_margin`` credits that.
-        best_high = min(p for p in paces if p is not None) * out * spill.pace_margin
+        # A spill also shortens the home backend's queue for the requests left there. Were a
+        # request's time there T0 + b x (requests in flight), taking one away would cost it
+        # (T0 / T) / T of throughput, so a spill pays while it finishes under T x T / T0 =
+        # T / (1 - q), q the share of T spent waiting for prefill: by Little's law the share
+        # of its requests waiting by the scrape. The credit is at most ``pace_margin``, and
+        # only a measured pace on the low-TTFT replica gets it (a probe's estimate must win
+        # on its own).
+        home = min(high, key=lambda c: self.pace.pace(c.name) or 0.0)
+        high_finish = (self.pace.pace(home.name) or 0.0) * out
+        credit = min(spill.pace_margin, 1 / max(1e-9, 1 - _queued_share(home)))
         slo_ttft = self.settings.slo["interactive"].ttft_s
         for c in low:
             if c.saturated or self.spilled(c.name) >= self.governor.allowed:
@@ -288,9 +295,10 @@ class AdaptivePolicy:
                 if probing >= spill.initial_inflight or not self.tpot.measured(c.name):
                     continue  # enough probes are running, or nothing is measured yet
                 finish = predicted[c.name] + out * self.tpot.tpot(c.name)
+                beat = high_finish
             else:
-                finish = pace * out
-            if finish >= best_high:
+                finish, beat = pace * out, high_finish * credit
+            if finish >= beat:
                 continue
             own = (
                 min(req.prompt_tokens, spill.priority_prefill_tokens)
@@ -360,6 +368,14 @@ class AdaptivePolicy:
             self.typical_prompt += _PROMPT_ALPHA * (req.prompt_tokens - self.typical_prompt)
         if self.engines.get(group_of(backend)) in self.settings.low_ttft:
             self.governor.record(self.settings.slo["interactive"].met(outcome))
+
+
+def _queued_share(c: Candidate) -> float:
+    """The share of ``c``'s requests waiting for prefill by a fresh scrape (1 without one)."""
+    load = c.load
+    if load is None or load.stale or load.waiting is None or not c.inflight:
+        return 1.0
+    return min(1.0, load.waiting / c.inflight)
 
 
 def _queueing(c: Candidate) -> bool:

@@ -154,6 +154,36 @@ def test_spill_only_on_measured_finish_times() -> None:
     assert policy.choose(batch("b8"), snap(8000, 100_000, vllm_inflight=1)).ranked[0] == "vllm"
 
 
+def test_the_home_pools_measured_queue_earns_a_spill_its_credit() -> None:
+    """vllm's measured batch pace is 10% slower than deepinfer's. A spill pays only as far
+    as it shortens deepinfer's queue: by the scrape, the share of its requests waiting for
+    prefill (q) is the share of their time spent waiting, and the credit is 1 / (1 - q),
+    at most pace_margin (1.2 here)."""
+    params = {**PARAMS, "spill": {**PARAMS["spill"], "pace_margin": 1.2}}  # type: ignore[dict-item]
+    policy = measured(build(params), deepinfer_pace=0.010, vllm_pace=0.011)
+    vllm = make_candidate("vllm", prompt_tokens=0, inflight=0, priority_capable=True)
+
+    def home(waiting: float) -> Candidate:
+        return make_candidate("deepinfer", prompt_tokens=60_000, inflight=10, waiting=waiting)
+
+    # 1 of 10 waiting: credit 1.11, vllm is 1.10x slower: spill; 0.5 of 10: 1.05, no spill
+    assert policy.choose(batch("b0"), [vllm, home(0.5)]).ranked[0] == "deepinfer"
+    assert policy.choose(batch("b0"), [vllm, home(1)]).ranked[0] == "vllm"
+    # a whole queue's credit is capped: a vllm 1.25x slower is not worth it
+    slow = measured(build(params), deepinfer_pace=0.010, vllm_pace=0.0125)
+    assert slow.choose(batch("b1"), [vllm, home(9)]).ranked[0] == "deepinfer"
+    assert (
+        measured(build(params), deepinfer_pace=0.010, vllm_pace=0.0115)
+        .choose(batch("b2"), [vllm, home(9)])
+        .ranked[0]
+        == "vllm"
+    )
+    # with less than a tenth of deepinfer's time spent queued, the 10% is not made up
+    policy = measured(build(params), deepinfer_pace=0.010, vllm_pace=0.011)
+    twenty = make_candidate("deepinfer", prompt_tokens=60_000, inflight=20, waiting=1)
+    assert policy.choose(batch("b3"), [vllm, twenty]).ranked[0] == "deepinfer"
+
+
 def test_no_spill_while_the_home_pool_has_no_queue() -> None:
     policy = measured(build())
     # the high-throughput engine with idle room of its own takes batch work itself
