@@ -57,14 +57,32 @@ _UNUSUAL = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"up
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
+class _Date:
+    """The ``Date`` header's value, formatted once a second."""
+
+    __slots__ = ("_second", "_value")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._value = email.utils.formatdate(second, usegmt=True).encode()
+        return self._value
+
+
 class Connections(Opened):
     """The open connections of one site (aiohttp's are counted too: the cap counts them all);
-    the lean ones are held, for the drain to close."""
+    the lean ones are held, for the drain to close, with the ``Date`` their answers carry."""
 
     def __init__(self) -> None:
         super().__init__()
         self._all: set[Wire] = set()
         self.closing = False
+        self.date = _Date()
 
     @property
     def lean(self) -> int:
@@ -99,27 +117,7 @@ class _Pipelined(Exception):
     """Raised from a parser callback: a request began in the segment that ended another."""
 
 
-class _Date:
-    """The ``Date`` header's value, formatted once a second."""
-
-    __slots__ = ("_second", "_value")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._value = b""
-
-    def now(self) -> bytes:
-        second = int(time.time())
-        if second != self._second:
-            self._second = second
-            self._value = email.utils.formatdate(second, usegmt=True).encode()
-        return self._value
-
-
-_DATE = _Date()
-
-
-def _head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
+def _head(status: int, headers: Mapping[str, str], framing: bytes, date: bytes) -> bytes:
     """An answer's head; refuses header text that would split it (as aiohttp's writer does)."""
     text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     if text.count("\n") != len(headers) or text.count("\r") != len(headers):
@@ -129,7 +127,7 @@ def _head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
         _REASONS.get(status, b"Unknown"),
         text.encode("utf-8", "surrogateescape"),
         SERVER.encode(),
-        _DATE.now(),
+        date,
         framing,
     )
 
@@ -274,7 +272,8 @@ class Wire(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return None
-        transport.write(_head(status, headers, self._framing(b"Transfer-Encoding: chunked\r\n")))
+        framing = self._framing(b"Transfer-Encoding: chunked\r\n")
+        transport.write(_head(status, headers, framing, self._connections.date.now()))
         return transport
 
     def end(self) -> None:
@@ -382,8 +381,8 @@ class Wire(asyncio.Protocol):
             self._close_after = True
         answer = task.result()
         if answer is not None and not transport.is_closing():
-            framing = b"Content-Length: %d\r\n" % len(answer.body)
-            head = _head(answer.status, answer.headers, self._framing(framing))
+            framing = self._framing(b"Content-Length: %d\r\n" % len(answer.body))
+            head = _head(answer.status, answer.headers, framing, self._connections.date.now())
             transport.writelines((head, answer.body))  # one send for both
         if early:  # read the rest of the request (bounded), then close: see the docstring
             self._timer = self._loop.call_later(self._limits.body_seconds, self._close)
