@@ -45,13 +45,16 @@ class Driver:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def submit(self, seq: Sequence) -> asyncio.Event:
-        """Queue ``seq`` now; the returned event is set whenever it gets chunks."""
+    def submit(self, seq: Sequence, arrived: float) -> asyncio.Event:
+        """Queue ``seq`` now, which arrived at ``arrived`` (``time.perf_counter()``; the
+        server's work on it since counts as front-end time); the returned event is set
+        whenever it gets chunks."""
         event = asyncio.Event()
         now = self.model_now()
         self._dispatch(now)  # complete what is due first: the model's clock never runs back
         self._waiters[seq] = event
-        self.engine.submit(seq, now)
+        spent = (time.perf_counter() - arrived) * self.time_scale
+        self.engine.submit(seq, now, spent)
         self._kick.set()
         return event
 

@@ -19,6 +19,7 @@ import heapq
 import math
 import random
 
+from emulator.cold import ColdStart
 from emulator.dp import DPFrontEnd
 from emulator.profiles import Profile
 from emulator.rank import Rank, Sequence, State
@@ -32,7 +33,12 @@ class Engine:
     def __init__(self, profile: Profile, seed: int = 0) -> None:
         self.profile = profile
         self._rng = random.Random(seed)
-        self.ranks = [Rank(profile) for _ in range(profile.ranks)]
+        self._cold = (
+            ColdStart(profile.cold_prefills, profile.cold_concurrency)
+            if profile.cold_prefills
+            else None
+        )
+        self.ranks = [Rank(profile, self._cold) for _ in range(profile.ranks)]
         self._keys = 0
         self._incoming: list[tuple[float, int, Sequence]] = []  # heap: in the front end
         # Heap of (deadline, rank index). An entry is current while the rank's deadline still
@@ -50,8 +56,10 @@ class Engine:
         """The most tokens (prompt plus output) one request may hold in one rank's KV cache."""
         return self.profile.kv_blocks_per_rank * self.profile.kv_block_size - 1
 
-    def submit(self, seq: Sequence, now: float) -> None:
-        """Accept ``seq`` at ``now``; it reaches a rank after the front-end delay.
+    def submit(self, seq: Sequence, now: float, spent: float = 0.0) -> None:
+        """Accept ``seq`` at ``now``; it reaches a rank after the front-end delay, of which
+        ``spent`` (model seconds) already went by before it was submitted: the HTTP server's
+        own reading and parsing of the request, which is the front end's work too.
 
         Call :meth:`advance` up to ``now`` first, so a step that began earlier cannot take it.
         """
@@ -60,7 +68,7 @@ class Engine:
         p = self.profile
         # Tokenizing grows with the prompt; how long it takes varies with the server's load.
         per_token = p.frontend_per_token_us * 2.0 * seq.rng.random()
-        delay = p.frontend_ms / 1e3 + seq.prompt_tokens * per_token / 1e6
+        delay = p.frontend_ms / 1e3 + seq.prompt_tokens * per_token / 1e6 - spent
         if delay > 0:
             heapq.heappush(self._incoming, (now + delay, seq.key, seq))
         else:
@@ -114,6 +122,16 @@ class Engine:
             rank.cancel(seq)
             rank.kick(now)  # its prefill lane may have just become free
             self._track(seq.rank)
+            self._warm_up(now)
+
+    def _warm_up(self, now: float) -> None:
+        """When a cold engine's prefill place came free, let every rank take it up."""
+        cold = self._cold
+        if cold is not None and cold.freed:
+            cold.freed = False
+            for i, rank in enumerate(self.ranks):
+                rank.kick(now)
+                self._track(i)
 
     def next_deadline(self) -> float | None:
         """Model time of the next step or prefill completion, None when idle."""
@@ -143,6 +161,7 @@ class Engine:
                 rank = self.ranks[head[1]]
                 rank.fire(out)
                 self._track(head[1])
+                self._warm_up(best_t)
                 if self._dp is not None:
                     self._dp.published(head[1], rank.published, best_t)
 

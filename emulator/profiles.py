@@ -63,7 +63,9 @@ class Profile:
     ``frontend_ms`` plus ``frontend_per_token_us`` per prompt token (times a uniform random
     factor in [0, 2)) after it arrives: API server work such as parsing and tokenizing, which
     grows with the prompt and varies with load. That spread also keeps identical benchmark
-    requests from staying phase-locked in artificial waves.
+    requests from staying phase-locked in artificial waves. A cold engine (``cold_prefills``
+    above 0) prefills its first ``cold_prefills`` prompts at most ``cold_concurrency`` at a
+    time over all ranks (:mod:`emulator.cold`).
     """
 
     name: str
@@ -75,6 +77,8 @@ class Profile:
     rank_assignment: str = "balanced"
     dp_stats_interval_ms: float = 100.0
     api_servers: int = 1
+    cold_prefills: int = 0
+    cold_concurrency: int = 2
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 16384
     kv_cache_tokens: int = 1048576
@@ -131,7 +135,8 @@ def _check_choices(values: dict[str, Any], errors: list[str]) -> None:
     for key, allowed in choices.items():
         if key in values and values[key] not in allowed:
             errors.append(f"{key}: unknown {values[key]!r} (known: {', '.join(allowed)})")
-    for key in ("ranks", "api_servers", "max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
+    for key in ("ranks", "api_servers", "max_num_seqs", "max_num_batched_tokens", "kv_block_size",
+                "cold_concurrency"):  # fmt: skip
         if values.get(key) == 0:
             errors.append(f"{key}: must be at least 1")
     if values.get("dp_stats_interval_ms", 1.0) <= 0:

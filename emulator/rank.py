@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass, field
 from enum import Enum
 
+from emulator.cold import ColdStart
 from emulator.kvcache import BlockPool, block_hashes
 from emulator.profiles import Profile
 
@@ -66,18 +67,25 @@ class Sequence:
     hashes: list[int] = field(default_factory=list)  # block hash chain, computed lazily
     held: list[int] = field(default_factory=list)  # cached blocks it holds (hashes)
     hashed: int = 0  # leading blocks already looked up or offered to the cache
+    cold: bool = False  # prefilled under a cold engine's limit (emulator.cold)
 
     @property
     def done(self) -> bool:
         """Whether the sequence has left the engine (finished or cancelled)."""
         return self.state in (State.FINISHED, State.CANCELLED)
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the sequence waits on a rank to be admitted."""
+        return self.state is State.WAITING
+
 
 class Rank:
     """One data-parallel rank: KV cache, queue, running set and its step clock(s)."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, cold: ColdStart | None = None) -> None:
         self.p = profile
+        self.cold = cold
         self.overlap = profile.scheduling == "overlap"
         self.by_priority = profile.scheduling_policy == "priority"
         self.pool = BlockPool(profile.kv_blocks_per_rank, profile.kv_block_size)
@@ -111,6 +119,8 @@ class Rank:
         prio = seq.priority if self.by_priority else 0
         heapq.heappush(self.waiting, (prio, seq.key, seq))
         self.n_waiting += 1
+        if self.cold is not None:
+            self.cold.queued(seq, (prio, seq.key))
 
     def _head(self, now: float) -> Sequence | None:
         while self.waiting and self.waiting[0][2].state is not State.WAITING:
@@ -118,9 +128,13 @@ class Rank:
         return self.waiting[0][2] if self.waiting else None
 
     def _admit(self, now: float) -> Sequence | None:
-        """Pop the queue's head if a running slot and its KV blocks are free."""
+        """Pop the queue's head if a running slot and its KV blocks are free (and a cold
+        engine lets another prefill begin)."""
         head = self._head(now)
         if head is None or len(self.running) >= self.p.max_num_seqs:
+            return None
+        cold = self.cold
+        if cold is not None and not cold.admits(head):
             return None
         size = self.p.kv_block_size
         target = head.prefill_target
@@ -143,6 +157,8 @@ class Rank:
             self.pool.hits += head.prefilled
         head.state = State.RUNNING
         self.running.append(head)
+        if cold is not None:
+            cold.began(head)
         return head
 
     def _cache(self, seq: Sequence, computed: int) -> None:
@@ -160,6 +176,7 @@ class Rank:
         seq.hashed = end
 
     def _release(self, seq: Sequence) -> None:
+        self._prefilled(seq)
         if seq.blocks or seq.held:
             decoding = seq.prefilled >= seq.prefill_target
             # A decoding sequence has computed the KV of all its tokens but the last sampled.
@@ -168,6 +185,11 @@ class Rank:
         seq.blocks, seq.held, seq.hashed = 0, [], 0
         if seq in self.running:
             self.running.remove(seq)
+
+    def _prefilled(self, seq: Sequence) -> None:
+        """``seq`` no longer holds a cold engine's prefill place, if it held one."""
+        if seq.cold and self.cold is not None:
+            self.cold.ended(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
@@ -207,6 +229,8 @@ class Rank:
     def cancel(self, seq: Sequence) -> None:
         if seq.state is State.WAITING:
             self.n_waiting -= 1
+            if self.cold is not None:
+                self.cold.left_line()
         seq.state = State.CANCELLED
         self._release(seq)
         if self.lane_job is seq:
@@ -301,6 +325,7 @@ class Rank:
                 seq.prefilled += chunk
                 self._cache(seq, seq.prefilled)
                 if seq.prefilled >= seq.prefill_target:
+                    self._prefilled(seq)
                     self._emit(seq, 1, now, out)
         self.step_decode, self.step_prefill = [], []
         self.published = (self.n_waiting, len(self.running))
@@ -320,6 +345,7 @@ class Rank:
         seq = self.lane_job
         self.lane_job = self.lane_end = None
         if seq is not None and seq.state is State.RUNNING:
+            self._prefilled(seq)
             seq.prefilled = seq.prefill_target
             self._cache(seq, seq.prefilled)
             self._emit(seq, 1, now, out)

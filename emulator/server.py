@@ -218,7 +218,7 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
         created=int(time.time()),
     )
     state.metrics.prompt_tokens.inc(gen.prompt_tokens)
-    wake = state.driver.submit(seq)
+    wake = state.driver.submit(seq, started)
     try:
         if gen.stream:
             return await _stream(request, state.metrics, job, wake)

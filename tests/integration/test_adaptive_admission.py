@@ -78,8 +78,9 @@ def test_interactive_without_queue_gets_429_with_retry_after(tmp_path: Path) -> 
 
 def test_slo_goodput_is_counted_per_policy_and_class(tmp_path: Path) -> None:
     """Every policy is judged by the adaptive policy's SLOs: here the batch TTFT target of
-    1 ms cannot be met, the interactive one of 30 s always is."""
-    with start_emulator("vllm", time_scale=20) as emu:
+    1 ms cannot be met (at time scale 2 one engine step alone takes over 5 ms), the
+    interactive one of 30 s always is."""
+    with start_emulator("vllm", time_scale=2) as emu:
         # One engine behind two names, so that adaptive has a pool of each kind.
         doc = base_config([("a", "vllm", emu.url), ("b", "deepinfer", emu.url)])
         doc["policies"]["adaptive"] = {

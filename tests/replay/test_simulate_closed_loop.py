@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+import yaml
 
 from benchmarks.mixed_sim import Cell, Figures, Seen, run_in
 from common.capture import CaptureRecord
+from emulator.profiles import ENGINES_DIR
 from policies.base import Policy
 from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo, Slo
 from replay.client import Result
@@ -54,11 +57,23 @@ def test_each_worker_sends_its_next_request_when_its_answer_arrives() -> None:
     assert end == max(answered.values())
 
 
-def test_workers_see_their_requests_start_when_sent() -> None:
+def warm_profiles(directory: Path) -> dict[str, str]:
+    """The shipped profiles as warm engines (no cold start), as files in ``directory``."""
+    paths = {}
+    for name in ("vllm", "deepinfer"):
+        doc = yaml.safe_load((ENGINES_DIR / f"{name}.yaml").read_text())
+        doc["cold_prefills"] = 0
+        paths[name] = str(directory / f"{name}.yaml")
+        Path(paths[name]).write_text(yaml.safe_dump(doc))
+    return paths
+
+
+def test_workers_see_their_requests_start_when_sent(tmp_path: Path) -> None:
     """Had the engines run on past an answer while other requests were in flight, the next
-    request would start late (at the next scrape) and take longer: workers on engines far
-    from full see near-equal latencies (the frontend's jitter and shared steps only)."""
-    world = World(parse_config(load_document(str(default_config_path()))), {})
+    request would start late (at the next scrape) and take longer: workers on warm engines
+    far from full see near-equal latencies (the frontend's jitter and shared steps only)."""
+    config = parse_config(load_document(str(default_config_path())))
+    world = World(config, warm_profiles(tmp_path))
     e2es: list[float] = []
     sim: Simulation
 
