@@ -64,6 +64,20 @@ CREATE INDEX IF NOT EXISTS batch_lines_owner ON batch_lines (owner);
 _ACTIVE = ("in_progress", "cancelling", "finalizing")
 
 
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switch ``conn``'s file to WAL. That takes an exclusive lock, and two connections that
+    both hold a shared one (replicas opening a new file together) deadlock: SQLite then fails
+    one at once rather than wait, so it is retried here, for up to about 10 s."""
+    for attempt in range(200):
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == 199:
+                raise
+            time.sleep(0.05)
+
+
 class SqlStore:
     """A :class:`~router.batch.store.BatchStore` over a SQLite file or a PostgreSQL URL."""
 
@@ -122,7 +136,7 @@ class SqlStore:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 # isolation_level=None: the transactions are the explicit ones of _tx.
                 conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA journal_mode=WAL")
+                _wal(conn)
                 # NORMAL under WAL: a killed process loses nothing committed (only power loss
                 # can take the last transactions), at a fraction of FULL's fsyncs.
                 conn.execute("PRAGMA synchronous=NORMAL")

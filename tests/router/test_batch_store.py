@@ -136,3 +136,14 @@ async def test_a_restarted_postgresql_server_costs_one_call(postgres: Postgres) 
         assert [x.idx for x in await store.claim(batch, "A", 3, T0, T0 + 10)] == [0, 1, 2]
     finally:
         await store.close()
+
+
+async def test_replicas_opening_one_new_sqlite_file_together(tmp_path: Path) -> None:
+    """Switching a new file to WAL takes an exclusive lock; two openers that both hold a
+    shared one deadlock, and SQLite fails one at once instead of waiting (seen in CI)."""
+    for attempt in range(10):
+        url = f"sqlite:///{tmp_path / f'together{attempt}.db'}"
+        stores = [SqlStore(url) for _ in range(6)]
+        await asyncio.gather(*(s.open() for s in stores))
+        for s in stores:
+            await s.close()
