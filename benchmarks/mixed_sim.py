@@ -174,7 +174,7 @@ def verdict(figs: Mapping[str, Figures], slo_ttft: float) -> str:
 HEADER = (
     f"{'workers':>7} {'int/s':>5} {'secs':>4} | "
     + " | ".join(f"{p + ' P95 s, tok/s':>25}" for p in COMPARED)
-    + f" | {'x cs':>5} {'MAPE':>5} | verdict"
+    + f" | {'x cs':>5} {'MAPE':>5} {'spilled':>8} | verdict"
 )
 
 
@@ -189,5 +189,6 @@ def row(cell: Cell, figs: Mapping[str, Figures], slo_ttft: float, where: str = "
     flag = " (MAPE over 15%)" if mape > MAPE_TARGET else ""
     return (
         f"{cell.workers:>7} {cell.rate:>5g} {cell.duration:>4g} | {parts} | {ratio:>5.2f} "
-        f"{100 * mape:>4.1f}% | {verdict(figs, slo_ttft)}{flag}{where}"
+        f"{100 * mape:>4.1f}% {f'{a.batch_on_low}/{a.batch_total}':>8} | "
+        f"{verdict(figs, slo_ttft)}{flag}{where}"
     )
