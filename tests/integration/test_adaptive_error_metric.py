@@ -41,11 +41,16 @@ def test_prediction_error_per_backend(tmp_path: Path) -> None:
             before = get(router.url + "/metrics").text
             assert math.isnan(value(before, "v"))  # nothing predicted yet
             client = client_for(router.url)
-            for _ in range(3):
+            errors = []
+            for _ in range(4):
                 stream = client.chat.completions.create(
                     model=MODEL, messages=CHAT, max_tokens=4, stream=True
                 )
                 assert list(stream)
-            text = get(router.url + "/metrics").text
-            assert value(text, "v") > 0.5  # every request went to v, mispredicted
-            assert math.isnan(value(text, "d"))
+                text = get(router.url + "/metrics").text
+                errors.append(value(text, "v"))  # every request goes to v
+                assert math.isnan(value(text, "d"))
+            # The first prediction came from the prior alone, far off; the predictor then
+            # learns from what it measured, so the error averaged with later ones comes down.
+            assert errors[0] > 0.5
+            assert errors[-1] < errors[0]
