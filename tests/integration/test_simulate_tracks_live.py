@@ -2,13 +2,13 @@
 
 Eight batch workers, each sending non-streamed requests one after the other (3,000-token
 prompts, 64 output tokens) for 5 s through the embedded default at time scale 2 (10 model
-seconds), routed by `class-split` to DeepInfer's eight randomly assigned ranks, where they queue
-for its serial prefill lanes: the live run (the official client, over loopback) and
+seconds), routed by `class-split` to DeepInfer, whose serial prefill lanes (and cold start)
+they queue for: the live run (the official client, over loopback) and
 benchmarks/mixed_sim.py's simulation of the same loop must agree on the number of requests
 and on the mean end-to-end time within 15% (seconds, as the simulation counts a time-scaled
-engine's: real ones; runs on a loaded 2-core machine gave 44 and 46 requests, 1.00-1.01 s
-and 0.97 s). A simulation that let the workers run ahead, lost one, or put the wrong number
-of requests in flight would queue differently.
+engine's: real ones; a run on the 2-core machine gave 34 and 36 requests, 1.24 s and
+1.17 s). A simulation that let the workers run ahead, lost one, or put the wrong number of
+requests in flight would queue differently.
 """
 
 from __future__ import annotations
