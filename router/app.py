@@ -312,6 +312,7 @@ async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[N
         state.tracing.close()
         await session.close()
         connections.close()
+        state.access_log.flush()
 
 
 @dataclass(frozen=True, slots=True)
