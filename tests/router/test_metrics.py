@@ -6,7 +6,7 @@ from policies.base import PipelineObserver
 from policies.registry import BackendInfo, build_policy
 from policies.testing import make_candidate as cand
 from policies.testing import make_request
-from router.observe.metrics import Metrics
+from router.observe.metrics import PLUGIN_SAMPLE, Metrics
 
 
 def sample(m: Metrics, name: str, **labels: str) -> float | None:
@@ -63,7 +63,9 @@ def test_pipeline_plugins_are_timed_and_emptying_filters_counted() -> None:
     assert emptied.empty_reason == "filter 'members' (filters[0]) removed every candidate"
     text = m.render().decode()
     duration = "switchyard_policy_plugin_duration_seconds_count"
-    assert f'{duration}{{kind="filter",plugin="members",policy="p"}} 2.0' in text
+    # The first run of each plugin is timed, then one in PLUGIN_SAMPLE: the filter's second
+    # run (the emptied set) is not.
+    assert f'{duration}{{kind="filter",plugin="members",policy="p"}} 1.0' in text
     assert f'{duration}{{kind="scorer",plugin="least-requests[0]",policy="p"}} 1.0' in text
     assert f'{duration}{{kind="scorer",plugin="least-requests[1]",policy="p"}} 1.0' in text
     assert f'{duration}{{kind="picker",plugin="max-score",policy="p"}} 1.0' in text
@@ -76,6 +78,10 @@ def test_pipeline_plugins_are_timed_and_emptying_filters_counted() -> None:
     assert "switchyard_policy_plugin_duration_seconds_bucket" in text
     assert sample(Metrics(), "switchyard_policy_filter_rejections_total",
                   policy="p", filter="members") is None  # fmt: skip
+    for _ in range(PLUGIN_SAMPLE - 1):  # runs 3 to 17 of the filter: the 17th is timed
+        policy.choose(make_request(), [cand("a"), cand("b")])
+    timed = sample(m, duration, policy="p", plugin="members", kind="filter")
+    assert timed == 2.0
 
 
 def test_a_known_policy_exports_its_rejections_at_zero() -> None:
