@@ -51,6 +51,9 @@ class AccessLog:
         """Lines of this turn of the event loop, written by :meth:`flush` at its end."""
         self._due = False
         """A :meth:`flush` is scheduled."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the last flush was scheduled on (asking for the running loop makes a
+        system call, getpid, in Python 3.11)."""
 
     def wanted(self, settings: AccessLogSettings) -> bool:
         """Whether this request is to be logged (draws the sample); the caller then builds the
@@ -68,11 +71,14 @@ class AccessLog:
         except TypeError:
             data = orjson.dumps({k: _printable(v) for k, v in line.items()}, option=_OPTIONS)
         if not self._due:
-            try:
-                asyncio.get_running_loop().call_soon(self.flush)
-            except RuntimeError:  # no loop: nothing would flush later
-                self._write(data)
-                return
+            loop = self._loop
+            if loop is None or not loop.is_running():
+                try:
+                    loop = self._loop = asyncio.get_running_loop()
+                except RuntimeError:  # no loop: nothing would flush later
+                    self._write(data)
+                    return
+            loop.call_soon(self.flush)
             self._due = True
         elif len(self._pending) + len(data) > select.PIPE_BUF:
             self._write(bytes(self._pending))  # one write over PIPE_BUF could interleave

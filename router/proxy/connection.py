@@ -137,6 +137,11 @@ class Connection(asyncio.Protocol):
     # -- the owner's side -------------------------------------------------------------------
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the connection runs on."""
+        return self._loop
+
+    @property
     def reusable(self) -> bool:
         """The last response was read to its end and the backend keeps the connection."""
         return (

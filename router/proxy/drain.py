@@ -69,10 +69,13 @@ class Ticket:
 class Drain:
     """The requests open in one router process (one set add and discard per request)."""
 
-    __slots__ = ("_idle", "_open", "cutting", "draining")
+    __slots__ = ("_idle", "_loop", "_open", "cutting", "draining")
 
     def __init__(self) -> None:
         self._open: set[Ticket] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The app's event loop, once a request came: Python 3.11 makes a system call
+        (getpid) each time it is asked for the running loop."""
         self._idle: asyncio.Event | None = None
         self.draining = False
         """SIGTERM came: work the router starts itself (batch lines) is no longer started."""
@@ -83,7 +86,10 @@ class Drain:
         """A ticket for the calling handler's request; raises the 503 once cutting."""
         if self.cutting:
             raise shutting_down()
-        ticket = Ticket(asyncio.current_task())
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        ticket = Ticket(asyncio.current_task(loop))
         self._open.add(ticket)
         return ticket
 

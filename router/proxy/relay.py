@@ -95,7 +95,7 @@ class IdleWatch:
         self._conn = conn
         self._forward = forward
         self._idle = idle
-        self._loop = asyncio.get_running_loop()
+        self._loop = conn.loop
         self._handle = self._loop.call_later(idle, self._check)
 
     def _check(self) -> None:
