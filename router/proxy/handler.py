@@ -220,10 +220,11 @@ def _plan(
 ) -> list[Target]:
     """The policy's ranked backends as concrete attempts (saturated backends skipped)."""
     info, pool = parsed.info, state.pool
-    if not pool.known_model(info.model):
-        raise RouterError(404, f"model '{info.model}' does not exist", "model", "model_not_found")
     candidates = pool.candidates(info.model)
-    if not candidates:
+    if not candidates:  # only now the question of which: a second pass over the backends
+        if not pool.known_model(info.model):
+            message = f"model '{info.model}' does not exist"
+            raise RouterError(404, message, "model", "model_not_found")
         raise RouterError(503, "no healthy backend serves this model", code="no_backend")
     t0 = time.perf_counter()
     try:
