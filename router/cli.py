@@ -39,12 +39,6 @@ from router.workers import Sharing, supervise
 log = logging.getLogger("router")
 READY = "router listening on "
 REFRESH_SECONDS = 1.0
-GC_YOUNG = 20_000
-"""Allocations (net of frees) between two collections of the collector's youngest generation
-(CPython's default: 700). A request's objects die by reference counting, but at 700 the
-collector still ran every 45 or so requests under load, each time scanning the open requests'
-live objects: about 3% of a short request's CPU. At this threshold 20,000 requests through
-one worker caused none; reference cycles wait a little longer to be freed."""
 
 
 def default_config_path() -> Path:
@@ -199,9 +193,8 @@ async def _worker(
         refresher = asyncio.create_task(_refresh(metrics))
     served = await serve(app, sock)
     # Everything built so far lives as long as the process: keep it out of the collector's
-    # scans, so collections triggered on the hot path stay short, and rare (GC_YOUNG).
+    # scans, so collections triggered on the hot path stay short.
     gc.freeze()
-    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
