@@ -148,11 +148,16 @@ class Outcome:
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if prompt is None and completion is None:  # the Responses API's names
             prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+        bad = False
         if _is_count(prompt):
             self.prompt_tokens = prompt
+        elif prompt is not None:
+            bad = True
         if _is_count(completion):
             self.completion_tokens = completion
-        if any(n is not None and not _is_count(n) for n in (prompt, completion)):
+        elif completion is not None:
+            bad = True
+        if bad:
             self._count("bad_usage")
 
     def read_body(self, body: bytes) -> bool:

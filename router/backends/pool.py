@@ -183,15 +183,16 @@ class BackendLease:
     attempt's fate through :meth:`ok` and :meth:`failed`.
     """
 
-    __slots__ = ("_backend", "_prefilled", "_released", "_req")
+    __slots__ = ("_backend", "_output", "_prefilled", "_released", "_req")
 
     def __init__(self, backend: BackendState, req: RequestInfo) -> None:
         self._backend = backend
         self._req = req
+        self._output = req.expected_output_tokens
         self._prefilled = False
         self._released = False
         backend.breaker.started()
-        backend._count(1, req.prompt_tokens, req.expected_output_tokens)
+        backend._count(1, req.prompt_tokens, self._output)
 
     @property
     def backend(self) -> BackendState:
@@ -223,7 +224,7 @@ class BackendLease:
         b, req = self._backend, self._req
         b.breaker.ended()
         prompt = 0 if self._prefilled else req.prompt_tokens
-        b._count(-1, -prompt, -req.expected_output_tokens)
+        b._count(-1, -prompt, -self._output)
 
 
 class Pool:
@@ -303,13 +304,16 @@ class Pool:
         one about to expire) than a dead fleet, and an attempt costs little next to a certain
         503; failover still moves past the ones that really are down.
         """
-        serving = [b for b in self.backends if self.upstream_model(b, model) is not None]
-        healthy = [b.candidate() for b in serving if b.healthy]
+        # One snapshot per serving backend: its health is read once.
+        serving = [
+            b.candidate() for b in self.backends if self.upstream_model(b, model) is not None
+        ]
+        healthy = [c for c in serving if c.healthy]
         if healthy or not serving:
             return healthy
         # Backends listing no models serve any name: label only names the pool knows.
         self._on_panic(model if model in self.model_ids() else "other")
-        return [replace(b.candidate(), healthy=True) for b in serving]
+        return [replace(c, healthy=True) for c in serving]
 
     def context_tokens(self, model: str) -> int:
         """The most tokens one request for ``model`` can use: the smallest context length

@@ -138,12 +138,13 @@ class Exchange:
             self.error = fig.error
         policy = self.policy
         backend = self.backend or "none"
+        cls = self.request_class
         reason = self.reason = self.outcome()
         served = reason == "ok"  # the latency histograms are the service's, nothing else's
         state.metrics.request_done(
             policy.name,
             backend,
-            self.request_class,
+            cls,
             self.status,
             reason,
             ttft=ttft if served else None,
@@ -153,11 +154,11 @@ class Exchange:
             output_tokens=output,
         )
         for watch in state.on_finish:
-            watch(self.request_class, backend, ttft)
+            watch(cls, backend, ttft)
         # A TTFT is the first token of an answer, not of an engine's error body.
         first = ttft if reason in _ANSWERED else None
         if state.access_log.wanted(state.config.access_log):
-            state.access_log.write(self._access_line(reason, first, e2e, prompt, output))
+            state.access_log.write(self._access_line(cls, reason, first, e2e, prompt, output))
         if self.trace.recording:
             self.trace.finish(
                 Ending(
@@ -166,7 +167,7 @@ class Exchange:
                     reason,
                     reason in FAILURES,
                     policy.name,
-                    self.request_class,
+                    cls,
                     self.backend,
                     self.attempts,
                     self.tenant,
@@ -200,6 +201,7 @@ class Exchange:
 
     def _access_line(
         self,
+        cls: str,
         reason: str,
         ttft: float | None,
         e2e: float,
@@ -216,7 +218,7 @@ class Exchange:
             "path": self.path,
             "model": info.model[:_MAX_MODEL] if info is not None else None,
             "stream": info.stream if info is not None else None,
-            "class": self.request_class,
+            "class": cls,
             "policy": self.policy.name,
             "backend": self.backend,
             "attempts": self.attempts,

@@ -95,9 +95,10 @@ async def handle(
         extra["X-Switchyard-Class"] = info.request_class
         context = state.pool.context_tokens(info.model)
         lease = state.gate.admit(tenant, info, context)
+        add_usage = _router_asks_usage(parsed)
         t = time.monotonic()
         targets = await state.admission.admit(
-            info.request_class, lambda: _plan(state, policy, parsed, ex.body, endpoint)
+            info.request_class, lambda: _plan(state, policy, parsed, ex.body, endpoint, add_usage)
         )
         if trace.recording:
             ranked = [target.backend.name for target in targets]
@@ -122,7 +123,7 @@ async def handle(
         limits = state.config.limits
         ex.meter = StreamMeter(
             now,
-            strip_usage=_router_asks_usage(parsed),
+            strip_usage=add_usage,
             track_gaps=False,
             max_event_size=limits.max_upstream_event_bytes,
             choices=info.choices,
@@ -216,9 +217,15 @@ def _router_asks_usage(parsed: Parsed) -> bool:
 
 
 def _plan(
-    state: RouterState, policy: Policy, parsed: Parsed, raw: bytes, endpoint: Endpoint
+    state: RouterState,
+    policy: Policy,
+    parsed: Parsed,
+    raw: bytes,
+    endpoint: Endpoint,
+    add_usage: bool,
 ) -> list[Target]:
-    """The policy's ranked backends as concrete attempts (saturated backends skipped)."""
+    """The policy's ranked backends as concrete attempts (saturated backends skipped);
+    ``add_usage``: each body asks for the stream's usage (:func:`_router_asks_usage`)."""
     info, pool = parsed.info, state.pool
     candidates = pool.candidates(info.model)
     if not candidates:  # only now the question of which: a second pass over the backends
@@ -233,7 +240,6 @@ def _plan(
         log.exception("policy %s failed to choose", policy.name)
         raise RouterError(500, f"policy '{policy.name}' failed", code="policy_error") from None
     state.metrics.decision(policy.name, time.perf_counter() - t0)
-    add_usage = _router_asks_usage(parsed)
     targets: list[Target] = []
     saturated = False
     for name in decision.ranked:

@@ -283,7 +283,8 @@ async def open_upstream(
     opened = await _failover(
         connections, targets, req, headers, timeouts, failover, on_failover, suspects, trace
     )
-    settle(suspects, opened.head.status)
+    if suspects:
+        settle(suspects, opened.head.status)
     return opened
 
 
