@@ -9,10 +9,14 @@ prefixes), and each backend keeps the hashes of the prompts routed to it in a bo
 (:class:`PrefixIndex`), aged out like an engine's cache: least recently routed first, a
 prompt's tail before its head.
 
-The load gate keeps a request on its cache-warm backend until that backend is saturated
-(at its ``max_inflight``, or ``max_imbalance`` requests busier than the least busy
-candidate), then spreads: the request goes to the least loaded backend, which then holds the
-prefix too, so a hot prefix ends up replicated where there is room.
+The ``cache-aware`` policy keeps a request on its cache-warm backend until that backend is
+saturated, where saturated means its queue costs more than a miss elsewhere: each backend is
+priced at the prefill tokens waiting there (the router's open prompts, scaled by the share of
+recently routed prompt tokens that missed the index there) plus the request's own tokens it
+probably does not hold, each at :data:`MISS_WEIGHT` (:func:`prefill_cost`). The request then
+spreads to the cheapest backend, which then holds the prefix too, so a hot prefix ends up
+replicated where there is room. The pipeline scorer and ``adaptive`` gate by in-flight
+counts instead (:meth:`PrefixIndex.open`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,15 @@ DEFAULT_CAPACITY = 32768
 forgets before the engine does sends a prompt away from its cache: half this left the public
 Mooncake sample's hit rate at 0.78 of the oracle's on 10^6-token replicas, this 0.97)."""
 DEFAULT_IMBALANCE = 4
+MISS_WEIGHT = 4.0
+"""Prefill tokens waited for that one prompt token a backend lacks is worth. More than its own
+prefill (1): while the engine's cache is full it evicts a cached token that a later request
+then misses (1), and it delays every request that later queues behind it there, by about
+1 / (1 - utilization) of it on a busy pool (2 at half load). A sweep of the weight in the
+simulator is in docs/benchmarks.md (Prefix routing)."""
+UNCACHED_SMOOTHING = 0.1
+"""Weight of the latest routed prompt in a backend's moving uncached share (about the last
+ten: the order of a queue's length under load)."""
 
 
 def prompt_blocks(text: str, size: int = BLOCK_CHARS) -> tuple[int, ...]:
@@ -63,6 +76,9 @@ class PrefixIndex:
     """The configured backend names; outcomes from any other name are ignored (a replica
     discovered behind one counts as that one's: :func:`~policies.types.group_of`)."""
     _lru: dict[str, OrderedDict[int, None]] = field(default_factory=dict)
+    _uncached: dict[str, float] = field(default_factory=dict)
+    """Per backend, the moving share of the prompt tokens routed there that it did not hold
+    (1 until a prompt is routed there: nothing is known to be cached)."""
 
     def matched(self, backend: str, blocks: Sequence[int]) -> int:
         """How many of ``blocks``' leading blocks ``backend`` probably holds."""
@@ -83,6 +99,20 @@ class PrefixIndex:
     def forget(self, backend: str) -> None:
         """Drop ``backend``'s blocks (it left: see :class:`policies.base.Forgets`)."""
         self._lru.pop(backend, None)
+        self._uncached.pop(backend, None)
+
+    def routed(self, backend: str, uncached: float) -> None:
+        """A prompt of which ``backend`` probably lacked the share ``uncached`` went there."""
+        if group_of(backend) not in self.backends:
+            return
+        old = self._uncached.get(backend, 1.0)
+        self._uncached[backend] = old + UNCACHED_SMOOTHING * (uncached - old)
+
+    def queued_prefill(self, c: Candidate) -> float:
+        """Prefill tokens probably waiting on ``c``: its open prompts (the router's count,
+        which drops a prompt at its first token) times the share of recently routed prompt
+        tokens it did not hold (a warm backend's queue is mostly cache hits)."""
+        return c.outstanding_prompt_tokens * self._uncached.get(c.name, 1.0)
 
     def record(self, backend: str, blocks: Sequence[int]) -> None:
         """``backend`` now holds ``blocks``: they become its most recently used, the head
@@ -96,12 +126,14 @@ class PrefixIndex:
         while len(lru) > self.capacity:
             lru.popitem(last=False)
 
-    def open(self, candidates: Sequence[Candidate], max_imbalance: int) -> list[Candidate]:
-        """The candidates the load gate lets a warm request stick to."""
+    def open(self, candidates: Sequence[Candidate], max_imbalance: int | None) -> list[Candidate]:
+        """The candidates the load gate lets a warm request stick to: not at their
+        ``max_inflight``, nor ``max_imbalance`` (when set) busier than the least busy."""
         if not candidates:
             return []
         low = min(c.inflight for c in candidates)
-        return [c for c in candidates if not c.saturated and c.inflight < low + max_imbalance]
+        cap = float("inf") if max_imbalance is None else low + max_imbalance
+        return [c for c in candidates if not c.saturated and c.inflight < cap]
 
     def warmest(
         self, req: RequestInfo, candidates: Sequence[Candidate], max_imbalance: int
@@ -118,11 +150,14 @@ class PrefixIndex:
         return best
 
 
-def read_index(p: Reader, ctx: BuildContext) -> tuple[PrefixIndex, int]:
-    """The shared params: ``capacity_blocks`` (per backend) and ``max_imbalance``."""
+def read_index(
+    p: Reader, ctx: BuildContext, imbalance: int | None
+) -> tuple[PrefixIndex, int | None]:
+    """The shared params: ``capacity_blocks`` (per backend) and ``max_imbalance`` (default
+    ``imbalance``)."""
     capacity = p.integer("capacity_blocks", DEFAULT_CAPACITY, low=1)
-    imbalance = p.integer("max_imbalance", DEFAULT_IMBALANCE, low=1)
-    return PrefixIndex(capacity, frozenset(b.name for b in ctx.backends)), imbalance
+    limit = p.integer("max_imbalance", imbalance, low=1)
+    return PrefixIndex(capacity, frozenset(b.name for b in ctx.backends)), limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +167,7 @@ class CacheAwareScorer:
     (so it learns of a placement when the request finishes)."""
 
     index: PrefixIndex
-    max_imbalance: int = DEFAULT_IMBALANCE
+    max_imbalance: int | None = DEFAULT_IMBALANCE
 
     def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:
         scores = dict.fromkeys((c.name for c in candidates), 0.0)
@@ -152,23 +187,35 @@ class CacheAwareScorer:
 
 def make_cache_aware(p: Reader, ctx: BuildContext) -> Scorer:
     """``cache-aware``: ``capacity_blocks`` (default 32768), ``max_imbalance`` (default 4)."""
-    index, imbalance = read_index(p, ctx)
+    index, imbalance = read_index(p, ctx, DEFAULT_IMBALANCE)
     p.done()
     return CacheAwareScorer(index, imbalance)
 
 
+def prefill_cost(index: PrefixIndex, req: RequestInfo, c: Candidate, matched: int) -> float:
+    """The price of sending ``req`` to ``c``, in prefill tokens: those queued there, plus its
+    own that ``c`` probably lacks (``matched`` of its blocks held) at :data:`MISS_WEIGHT`
+    each. Backends of one pool prefill at one rate, so tokens compare as seconds would."""
+    total = len(req.prefix_blocks)
+    missed = req.prompt_tokens * (1 - matched / total) if total else float(req.prompt_tokens)
+    return index.queued_prefill(c) + MISS_WEIGHT * missed
+
+
 @dataclass(slots=True)
 class CacheAwarePolicy:
-    """``cache-aware``: the open backend holding most of the prompt's head, else the least
-    loaded; saturated backends last. It records its pick at once (a burst of requests with
-    one prefix then sticks together) and the serving backend when the request finishes.
+    """``cache-aware``: the backend where the request's prefill finishes soonest by
+    :func:`prefill_cost` (a warm backend until its queue costs more than a miss elsewhere),
+    ties to the less loaded; saturated backends (at ``max_inflight``, or ``max_imbalance``
+    requests busier than the least busy candidate when that is set) last. It records its pick
+    at once (a burst of requests with one prefix then sticks together) and the serving
+    backend when the request finishes.
 
     ``Decision.scores`` holds each backend's share of the prompt's blocks it probably holds.
     """
 
     name: str
     index: PrefixIndex
-    max_imbalance: int = DEFAULT_IMBALANCE
+    max_imbalance: int | None = None
     filters: tuple[Filter, ...] = ()
     """The backends the request may use (the ``backends`` param), applied in order."""
     type: str = "cache-aware"
@@ -186,16 +233,19 @@ class CacheAwarePolicy:
             pool,
             key=lambda c: (
                 c.name not in opened,
-                -matched[c.name] if c.name in opened else 0,
+                prefill_cost(self.index, req, c, matched[c.name]),
                 c.inflight,
                 c.outstanding_tokens,
                 self.index.size(c.name),  # a cold prompt goes where the least is cached
             ),
         )
-        self.index.record(ranked[0].name, blocks)
-        total = len(blocks) or 1
+        pick = ranked[0].name
+        total = len(blocks)
+        self.index.routed(pick, 1 - matched[pick] / total if total else 1.0)
+        self.index.record(pick, blocks)
         return Decision(
-            tuple(c.name for c in ranked), scores={n: m / total for n, m in matched.items()}
+            tuple(c.name for c in ranked),
+            scores={n: m / (total or 1) for n, m in matched.items()},
         )
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:

@@ -96,7 +96,7 @@ def _least_outstanding(name: str, p: Reader, ctx: BuildContext) -> Policy:
 
 
 def _cache_aware(name: str, p: Reader, ctx: BuildContext) -> Policy:
-    index, imbalance = prefix.read_index(p, ctx)
+    index, imbalance = prefix.read_index(p, ctx, None)
     subset = _subset(p, ctx)
     p.done()
     return prefix.CacheAwarePolicy(name, index, imbalance, subset)

@@ -83,6 +83,42 @@ def test_sticks_to_the_warm_backend_until_it_is_saturated_then_spreads() -> None
     assert policy.choose(request(SHARED + "q6"), cands(1, 1, 0, saturated="a")).ranked[0] == "b"
 
 
+def test_spreads_when_the_warm_queue_costs_more_than_a_miss_not_by_request_counts() -> None:
+    policy = cache_aware()
+    warm = request(SHARED + "question " * 30)  # 7 blocks, 6 of them the shared prefix
+    policy.on_finish(warm, "a", OK)
+    ask = make_request(prompt_tokens=1000, prefix_blocks=(*warm.prefix_blocks[:6], 1))
+    assert policy.index.matched("a", ask.prefix_blocks) == 6
+
+    def loads(*queued: tuple[int, int]) -> list[Candidate]:
+        return [
+            make_candidate(n, "vllm", inflight=k, prompt_tokens=t)
+            for n, (k, t) in zip(NAMES, queued, strict=True)
+        ]
+
+    # Six more requests in flight than the others, but little prefill waiting: stays warm
+    # (1,200 queued + 4 x 143 missed tokens, against 4 x 1,000 on a cold backend).
+    assert policy.choose(ask, loads((6, 1200), (0, 0), (0, 0))).ranked[0] == "a"
+    # As many in flight everywhere, but 5,000 tokens waiting on the warm one: a miss is cheaper.
+    assert policy.choose(ask, loads((1, 5000), (1, 0), (1, 300))).ranked == ("b", "c", "a")
+    # A cold prompt goes where the least prefill waits, however many requests are open there.
+    cold = make_request(prompt_tokens=1000, prefix_blocks=prompt_blocks("z" * 2000))
+    assert policy.choose(cold, loads((1, 900), (0, 8000), (3, 100))).ranked[0] == "c"
+
+
+def test_a_warm_queue_of_cache_hits_counts_for_what_it_misses() -> None:
+    index = PrefixIndex(backends=NAMES)
+    loaded = make_candidate("a", "vllm", inflight=4, prompt_tokens=10000)
+    assert index.queued_prefill(loaded) == 10000  # nothing routed yet: all of it uncached
+    for _ in range(30):
+        index.routed("a", 0.1)  # nine tenths of each prompt sent there was held there
+    assert 1000 < index.queued_prefill(loaded) < 1500
+    index.routed("nobody", 0.0)  # not a configured backend: ignored
+    assert index.queued_prefill(make_candidate("nobody", prompt_tokens=100)) == 100
+    index.forget("a")
+    assert index.queued_prefill(loaded) == 10000
+
+
 def test_learns_where_requests_were_served_not_where_they_failed() -> None:
     policy = cache_aware()
     req = request(SHARED + "question")
