@@ -41,6 +41,7 @@ class _EngineCollector(Collector):
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric(labels, float(value))
             yield g
+        yield self._cache_config()
         for name, doc, count in (
             ("vllm:num_preemptions", "Cumulative number of preemptions.", e.num_preemptions),
             (
@@ -57,6 +58,19 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(labels, float(count))
             yield c
+
+    def _cache_config(self) -> Metric:
+        """vLLM's info gauge of the cache config, one sample per data-parallel engine (a
+        router reads the KV capacity from it: blocks x block size)."""
+        p = self._engine.profile
+        g = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the KV cache config.",
+            labels=["engine", "block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        for rank in range(len(self._engine.ranks)):
+            g.add_metric([str(rank), str(p.kv_block_size), str(p.kv_blocks_per_rank), "True"], 1.0)
+        return g
 
 
 class EngineMetrics:

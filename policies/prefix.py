@@ -36,9 +36,10 @@ BLOCK_CHARS = 256
 MAX_BLOCKS = 4096
 """Blocks hashed per prompt (a million characters); longer prompts share on their head."""
 DEFAULT_CAPACITY = 32768
-"""Blocks remembered per backend: about 8 MB of prompt text, over 10^6 tokens (a router that
-forgets before the engine does sends a prompt away from its cache: half this left the public
-Mooncake sample's hit rate at 0.78 of the oracle's on 10^6-token replicas, this 0.97)."""
+"""Blocks remembered per backend until its engine says how much KV it has (or when it never
+does): about 8 MB of prompt text, over 10^6 tokens. A router that forgets before the engine
+does sends a prompt away from its cache: half this left the public Mooncake sample's hit
+rate at 0.78 of the oracle's on 10^6-token replicas, this 0.97."""
 DEFAULT_IMBALANCE = 4
 MISS_WEIGHT = 4.0
 """Prefill tokens waited for that one prompt token a backend lacks is worth. More than its own
@@ -46,6 +47,14 @@ prefill (1): while the engine's cache is full it evicts a cached token that a la
 then misses (1), and it delays every request that later queues behind it there, by about
 1 / (1 - utilization) of it on a busy pool (2 at half load). A sweep of the weight in the
 simulator is in docs/benchmarks.md (Prefix routing)."""
+RECALL = 2.0
+"""The record holds this many times the blocks its engine's KV cache holds. It cannot see the
+engine's evictions, and its two errors cost differently: forgetting a prefix the engine still
+holds sends the request away from it (a miss, and one more copy crowding another cache),
+while remembering one the engine dropped costs a miss the request would have had anyway. On
+the public Mooncake sample at its own rate, in `replay simulate`: 1x hit 34.6% of prompt
+tokens, 1.5x 40.9%, 2x 42.3%, 3x 42.1% on 10^6-token replicas; 55.1% from 1.5x up on
+4 x 10^6 (an unbounded cache: 55.5%)."""
 UNCACHED_SMOOTHING = 0.1
 """Weight of the latest routed prompt in a backend's moving uncached share (about the last
 ten: the order of a queue's length under load)."""
@@ -71,7 +80,9 @@ def prompt_blocks(text: str, size: int = BLOCK_CHARS) -> tuple[int, ...]:
 class PrefixIndex:
     """Per backend, the block hashes of the prompts routed there (a bounded LRU each)."""
 
-    capacity: int = DEFAULT_CAPACITY
+    capacity: int | None = None
+    """Blocks remembered per backend; None: as many as its engine's KV cache holds
+    (:meth:`observe`), :data:`DEFAULT_CAPACITY` until that is known."""
     backends: Collection[str] = ()
     """The configured backend names; outcomes from any other name are ignored (a replica
     discovered behind one counts as that one's: :func:`~policies.types.group_of`)."""
@@ -79,6 +90,34 @@ class PrefixIndex:
     _uncached: dict[str, float] = field(default_factory=dict)
     """Per backend, the moving share of the prompt tokens routed there that it did not hold
     (1 until a prompt is routed there: nothing is known to be cached)."""
+    _sized: dict[str, int] = field(default_factory=dict)
+    """Per backend, the blocks its engine's KV cache holds (when ``capacity`` is None)."""
+    _tokens: int = 0
+    _blocks: int = 0
+    """Prompt tokens and blocks of the prompts seen: the tokens a block stands for."""
+
+    def observe(self, req: RequestInfo, candidates: Sequence[Candidate]) -> None:
+        """Size each candidate's record after its engine's cache: its KV in tokens (scraped)
+        over the tokens a block of this traffic stands for (the router's own count), times
+        :data:`RECALL`."""
+        if self.capacity is not None:
+            return
+        if 0 < len(req.prefix_blocks) < MAX_BLOCKS:
+            self._tokens += req.prompt_tokens
+            self._blocks += len(req.prefix_blocks)
+        if not self._blocks:
+            return
+        per_block = self._tokens / self._blocks
+        for c in candidates:
+            kv = c.load.kv_cache_tokens if c.load is not None else None
+            if kv:
+                self._sized[c.name] = max(1, int(RECALL * kv / per_block))
+
+    def capacity_of(self, backend: str) -> int:
+        """Blocks remembered for ``backend`` at most."""
+        if self.capacity is not None:
+            return self.capacity
+        return self._sized.get(backend, DEFAULT_CAPACITY)
 
     def matched(self, backend: str, blocks: Sequence[int]) -> int:
         """How many of ``blocks``' leading blocks ``backend`` probably holds."""
@@ -100,6 +139,7 @@ class PrefixIndex:
         """Drop ``backend``'s blocks (it left: see :class:`policies.base.Forgets`)."""
         self._lru.pop(backend, None)
         self._uncached.pop(backend, None)
+        self._sized.pop(backend, None)
 
     def routed(self, backend: str, uncached: float) -> None:
         """A prompt of which ``backend`` probably lacked the share ``uncached`` went there."""
@@ -123,7 +163,8 @@ class PrefixIndex:
         for h in reversed(blocks):
             lru[h] = None
             lru.move_to_end(h)
-        while len(lru) > self.capacity:
+        capacity = self.capacity_of(backend)
+        while len(lru) > capacity:
             lru.popitem(last=False)
 
     def open(self, candidates: Sequence[Candidate], max_imbalance: int | None) -> list[Candidate]:
@@ -140,6 +181,7 @@ class PrefixIndex:
     ) -> Candidate | None:
         """The open candidate holding the most of ``req``'s leading blocks (ties: least
         loaded), or None when no open candidate holds any."""
+        self.observe(req, candidates)
         best: Candidate | None = None
         best_key = (0, 0, 0)
         for c in self.open(candidates, max_imbalance):
@@ -153,9 +195,9 @@ class PrefixIndex:
 def read_index(
     p: Reader, ctx: BuildContext, imbalance: int | None
 ) -> tuple[PrefixIndex, int | None]:
-    """The shared params: ``capacity_blocks`` (per backend) and ``max_imbalance`` (default
-    ``imbalance``)."""
-    capacity = p.integer("capacity_blocks", DEFAULT_CAPACITY, low=1)
+    """The shared params: ``capacity_blocks`` (per backend; default: what its engine's KV
+    cache holds) and ``max_imbalance`` (default ``imbalance``)."""
+    capacity = p.integer("capacity_blocks", None, low=1)
     limit = p.integer("max_imbalance", imbalance, low=1)
     return PrefixIndex(capacity, frozenset(b.name for b in ctx.backends)), limit
 
@@ -170,6 +212,7 @@ class CacheAwareScorer:
     max_imbalance: int | None = DEFAULT_IMBALANCE
 
     def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:
+        self.index.observe(req, candidates)
         scores = dict.fromkeys((c.name for c in candidates), 0.0)
         total = len(req.prefix_blocks)
         if total:
@@ -186,7 +229,8 @@ class CacheAwareScorer:
 
 
 def make_cache_aware(p: Reader, ctx: BuildContext) -> Scorer:
-    """``cache-aware``: ``capacity_blocks`` (default 32768), ``max_imbalance`` (default 4)."""
+    """``cache-aware``: ``capacity_blocks`` (default: the engine's KV), ``max_imbalance``
+    (default 4)."""
     index, imbalance = read_index(p, ctx, DEFAULT_IMBALANCE)
     p.done()
     return CacheAwareScorer(index, imbalance)
@@ -227,6 +271,7 @@ class CacheAwarePolicy:
         if not pool:
             return Decision((), empty_reason=NO_HEALTHY)
         blocks = req.prefix_blocks
+        self.index.observe(req, pool)
         matched = {c.name: self.index.matched(c.name, blocks) for c in pool}
         opened = {c.name for c in self.index.open(pool, self.max_imbalance)}
         ranked = sorted(

@@ -48,6 +48,9 @@ class EngineLoad:
     running: float | None = None
     kv_cache_usage: float | None = None
     """Fraction in [0, 1]."""
+    kv_cache_tokens: float | None = None
+    """The engine's whole KV cache, in tokens (vLLM's ``cache_config_info``: blocks x
+    block size, summed over its data-parallel engines); what its prefix cache can hold."""
     age_s: float = 0.0
     """Seconds since the scrape that produced these figures."""
     stale: bool = False

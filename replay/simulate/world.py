@@ -40,8 +40,11 @@ class Backend:
 
     def scrape(self) -> None:
         """What the router reads from the engine's /metrics (vLLM's names)."""
-        e = self.engine
-        self.state.set_load(EngineLoad(float(e.num_waiting), float(e.num_running), e.kv_usage()))
+        e, p = self.engine, self.profile
+        kv_tokens = float(p.kv_blocks_per_rank * p.kv_block_size * len(e.ranks))
+        self.state.set_load(
+            EngineLoad(float(e.num_waiting), float(e.num_running), e.kv_usage(), kv_tokens)
+        )
 
     def refresh(self) -> float | None:
         """Ask the engine for its next event (virtual seconds) and remember it."""

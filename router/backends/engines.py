@@ -7,6 +7,7 @@ llama.cpp still reads ``llamacpp:*``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from policies.types import EngineLoad
@@ -20,11 +21,16 @@ class EngineMetricNames:
     running: tuple[str, ...]
     kv_cache_usage: tuple[str, ...]
     """A fraction in [0, 1]."""
+    kv_cache_tokens: tuple[str, ...] = ()
+    """A gauge of the whole KV cache in tokens (engines that say so in a value; vLLM says it
+    in ``cache_config_info``'s labels, read by :func:`parse_cache_config`)."""
 
     @property
     def series(self) -> frozenset[str]:
         """Every name of the row."""
-        return frozenset((*self.waiting, *self.running, *self.kv_cache_usage))
+        return frozenset(
+            (*self.waiting, *self.running, *self.kv_cache_usage, *self.kv_cache_tokens)
+        )
 
 
 _VLLM = EngineMetricNames(
@@ -41,6 +47,7 @@ ENGINE_METRICS: dict[str, EngineMetricNames] = {
         waiting=("sglang:num_queue_reqs",),
         running=("sglang:num_running_reqs",),
         kv_cache_usage=("sglang:token_usage",),
+        kv_cache_tokens=("sglang:max_total_num_tokens",),
     ),
     "tgi": EngineMetricNames(
         waiting=("tgi_queue_size",),
@@ -99,6 +106,25 @@ def parse_samples(text: str, wanted: frozenset[str]) -> dict[str, float]:
     return out
 
 
+_CACHE_CONFIG = "vllm:cache_config_info{"
+_BLOCKS = re.compile(r'[{,]num_gpu_blocks="(\d+)"')
+_BLOCK_SIZE = re.compile(r'[{,]block_size="(\d+)"')
+
+
+def parse_cache_config(text: str) -> float | None:
+    """vLLM's KV cache in tokens, from ``vllm:cache_config_info`` (an info gauge whose labels
+    carry the cache config: ``num_gpu_blocks`` x ``block_size``, summed over the label sets
+    of its data-parallel engines); None when no sample says both."""
+    total = 0
+    for line in text.splitlines():
+        if not line.startswith(_CACHE_CONFIG):
+            continue
+        blocks, size = _BLOCKS.search(line), _BLOCK_SIZE.search(line)
+        if blocks and size:
+            total += int(blocks.group(1)) * int(size.group(1))
+    return float(total) if total else None
+
+
 def parse_load(text: str, engine: str) -> EngineLoad:
     """The engine's load as the policies see it (an unknown kind: by the series it exposes)."""
     if engine in ENGINE_METRICS:
@@ -111,8 +137,12 @@ def parse_load(text: str, engine: str) -> EngineLoad:
     def first(keys: tuple[str, ...]) -> float | None:
         return next((samples[k] for k in keys if k in samples), None)
 
+    kv_tokens = first(names.kv_cache_tokens)
+    if kv_tokens is None and names is _VLLM:
+        kv_tokens = parse_cache_config(text)
     return EngineLoad(
         waiting=first(names.waiting),
         running=first(names.running),
         kv_cache_usage=first(names.kv_cache_usage),
+        kv_cache_tokens=kv_tokens,
     )

@@ -171,6 +171,7 @@ class BackendState:
                 "waiting": load.waiting,
                 "running": load.running,
                 "kv_cache_usage": load.kv_cache_usage,
+                "kv_cache_tokens": load.kv_cache_tokens,
             },
         }
 

@@ -13,6 +13,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from common.tokens import count_chat, count_text
+from emulator.profiles import load_profile
+from router.backends.engines import parse_load
 from tests.emulator.conftest import client_for
 from tests.procs import Emulator, start_emulator
 
@@ -195,6 +197,10 @@ def test_tokenize_health_and_metrics(vllm: Emulator) -> None:
         "vllm:num_preemptions_total",
     ):
         assert f'{name}{{model_name="{MODEL}"' in text or f"{name}{{le=" in text, name
+    # what a router sizes its prefix record by: the profile's whole KV cache
+    profile = load_profile("vllm")
+    whole = profile.kv_blocks_per_rank * profile.kv_block_size * profile.ranks
+    assert parse_load(text, "vllm").kv_cache_tokens == whole == 1048576
 
 
 def test_detokenize_spells_back_its_own_output(vllm: Emulator) -> None:

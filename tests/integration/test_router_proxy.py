@@ -290,7 +290,7 @@ def test_operational_endpoints(router: str) -> None:
     # each engine's own /metrics was scraped with its kind's metric names
     for b in backends:
         load = b["load"]
-        assert set(load) == {"waiting", "running", "kv_cache_usage"}
+        assert set(load) == {"waiting", "running", "kv_cache_usage", "kv_cache_tokens"}
         assert all(isinstance(v, float) and v >= 0 for v in load.values())
     policies = get(router + "/switchyard/policies").json()
     assert {"name": "class-split", "type": "class-split", "default": True} in policies

@@ -5,10 +5,17 @@ from __future__ import annotations
 import pytest
 
 from policies.adaptive import AdaptivePolicy
-from policies.prefix import BLOCK_CHARS, CacheAwarePolicy, PrefixIndex, prompt_blocks
+from policies.prefix import (
+    BLOCK_CHARS,
+    DEFAULT_CAPACITY,
+    RECALL,
+    CacheAwarePolicy,
+    PrefixIndex,
+    prompt_blocks,
+)
 from policies.registry import PolicyConfigError, build_policy
 from policies.testing import make_candidate, make_request
-from policies.types import BackendInfo, Candidate, Outcome, RequestInfo
+from policies.types import BackendInfo, Candidate, EngineLoad, Outcome, RequestInfo
 
 NAMES = ("a", "b", "c")
 BACKENDS = [BackendInfo(n, "vllm") for n in NAMES]
@@ -58,6 +65,29 @@ def test_index_forgets_least_recently_routed_and_the_tail_before_the_head() -> N
     assert index.matched("a", first) == 2 and index.matched("a", second) == 4
     index.record("nobody", first)  # not a configured backend: ignored, memory stays bounded
     assert index.size("nobody") == 0 and index.size("a") == 8
+
+
+def test_the_record_is_sized_after_each_engine_s_kv_cache() -> None:
+    # 100 blocks of 40 tokens each: a 4,000-token prompt of 25,600 characters
+    prompt = make_request(prompt_tokens=4000, prefix_blocks=prompt_blocks("p" * 25600))
+    assert len(prompt.prefix_blocks) == 100
+
+    def sized(kv: float | None) -> Candidate:
+        return Candidate("a", "vllm", load=EngineLoad(kv_cache_tokens=kv))
+
+    index = PrefixIndex(backends=NAMES)
+    index.observe(prompt, [sized(None), sized(None)])
+    assert index.capacity_of("a") == DEFAULT_CAPACITY  # the engine has not said
+    index.observe(prompt, [sized(2000.0)])  # a cache of 2,000 tokens holds 50 such blocks
+    assert index.capacity_of("a") == int(RECALL * 50)
+    index.record("a", prompt.prefix_blocks)
+    assert index.size("a") == min(100, int(RECALL * 50))
+    index.observe(prompt, [sized(400.0)])  # it shrank (a restart with less memory)
+    index.record("a", prompt_blocks("q" * 2560))
+    assert index.size("a") == int(RECALL * 10)
+    fixed = PrefixIndex(capacity=7, backends=NAMES)
+    fixed.observe(prompt, [sized(400.0)])  # capacity_blocks given: the engine is not asked
+    assert fixed.capacity_of("a") == 7
 
 
 def test_sticks_to_the_warm_backend_until_it_is_saturated_then_spreads() -> None:

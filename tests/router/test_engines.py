@@ -51,10 +51,26 @@ def test_vllm_names_summed_over_label_sets() -> None:
     assert (load.running, load.waiting, load.kv_cache_usage) == (5.0, 7.0, 0.25)
 
 
+def test_vllm_kv_capacity_from_cache_config_info() -> None:
+    # vLLM's info gauge: the cache config in labels, one sample per data-parallel engine.
+    text = VLLM + "".join(
+        f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",engine="{i}",'
+        f'num_gpu_blocks="{blocks}",enable_prefix_caching="True"}} 1.0\n'
+        for i, blocks in enumerate((1000, 1500))
+    )
+    assert parse_load(text, "vllm").kv_cache_tokens == 16 * 2500
+    assert parse_load(text, "some-vllm-fork").kv_cache_tokens == 16 * 2500
+    assert parse_load(VLLM, "vllm").kv_cache_tokens is None
+    # one without the block count says nothing
+    assert parse_load('vllm:cache_config_info{block_size="16"} 1\n', "vllm").kv_cache_tokens is None
+
+
 def test_sglang_names_and_missing_series() -> None:
     text = 'sglang:num_queue_reqs 4\nsglang:num_running_reqs{tp_rank="0"} 1\n'
     load = parse_load(text, "sglang")
     assert (load.waiting, load.running, load.kv_cache_usage) == (4.0, 1.0, None)
+    sized = parse_load(text + "sglang:max_total_num_tokens 500000\n", "sglang")
+    assert sized.kv_cache_tokens == 500000.0
 
 
 def test_llamacpp_busy_slots_and_deferred_requests() -> None:
