@@ -37,7 +37,8 @@ import aiohttp
 import uvloop
 import yaml
 
-from router.observe.metrics import Metrics, share_between_workers
+from router.observe.metrics import Metrics
+from router.observe.sharing import share_between_workers
 from router.server.children import spawn_ready, stop_all
 
 MODEL = "deepseek-v4.1-flash"

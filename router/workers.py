@@ -34,7 +34,7 @@ import uvloop
 from router.app import listen_socket
 from router.backends.shared import SharedLoad
 from router.config.model import RouterConfig
-from router.observe.metrics import forget_worker, share_between_workers
+from router.observe.sharing import forget_worker, share_between_workers
 
 log = logging.getLogger("router")
 

@@ -6,7 +6,8 @@ also the policies' :class:`~policies.base.PipelineObserver`: a pipeline policy b
 series per plugin when it is built, and per request only observes (a sample) into it.
 
 With ``router serve --workers N`` every worker records into prometheus-client's multiprocess
-files (:func:`share_between_workers`, set up by the parent before it forks), and whichever
+files (:func:`router.observe.sharing.share_between_workers`, set up by the parent before it
+forks), and whichever
 worker a scrape reaches merges all of them: counters and histograms are summed over every
 worker that ever ran (so they never go backwards), and each gauge is merged as its meaning
 requires (see its ``multiprocess_mode``).
@@ -15,16 +16,14 @@ requires (see its ``multiprocess_mode``).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import values as prometheus_values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from policies.types import REQUEST_CLASSES
 
@@ -136,8 +135,9 @@ class Metrics:
     def __init__(
         self, registry: CollectorRegistry | None = None, *, workers_dir: Path | None = None
     ) -> None:
-        """``workers_dir``: the directory of :func:`share_between_workers`; :meth:`render`
-        then shows every worker's figures merged."""
+        """``workers_dir``: the directory of
+        :func:`~router.observe.sharing.share_between_workers`; :meth:`render` then shows
+        every worker's figures merged."""
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._exposed = r
@@ -468,42 +468,3 @@ class Metrics:
         """The Prometheus text exposition of every metric (of every worker's, merged)."""
         self.refresh()
         return generate_latest(self._exposed)
-
-
-class _Pid:
-    """This process's id, read again in a forked child only."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = os.getpid()
-        os.register_at_fork(after_in_child=self._forked)
-
-    def _forked(self) -> None:
-        self.value = os.getpid()
-
-    def get(self) -> int:
-        return self.value
-
-
-_PID = _Pid()
-
-
-def share_between_workers(directory: Path) -> None:
-    """Make every metric created from now on in this process (and the children it forks)
-    record into prometheus-client's multiprocess files in ``directory`` (fresh and empty).
-
-    prometheus-client picks where values live once, when it is imported, from
-    ``PROMETHEUS_MULTIPROC_DIR``; the router imports it before it knows about workers, so
-    this sets the variable and lets the library pick again, as its import would have.
-    """
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
-    # As get_value_class() would, but with the pid read once per process: a multiprocess
-    # value asks for it on every increment (a system call each; about 15 a request).
-    prometheus_values.ValueClass = prometheus_values.MultiProcessValue(_PID.get)  # type: ignore[no-untyped-call]
-
-
-def forget_worker(directory: Path, pid: int) -> None:
-    """Drop the live gauges of worker ``pid``, which died, from the shared metrics; its
-    counters and histograms stay in the sums."""
-    mark_process_dead(pid, str(directory))  # type: ignore[no-untyped-call]

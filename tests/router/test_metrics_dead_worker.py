@@ -16,7 +16,8 @@ from pathlib import Path
 SCRIPT = """
 import json, os, sys
 from pathlib import Path
-from router.observe.metrics import Metrics, forget_worker, share_between_workers
+from router.observe.metrics import Metrics
+from router.observe.sharing import forget_worker, share_between_workers
 
 directory = Path(sys.argv[1])
 share_between_workers(directory)
