@@ -7,10 +7,9 @@ series per plugin when it is built, and per request only observes (a sample) int
 
 With ``router serve --workers N`` every worker records into prometheus-client's multiprocess
 files (:func:`router.observe.sharing.share_between_workers`, set up by the parent before it
-forks), and whichever
-worker a scrape reaches merges all of them: counters and histograms are summed over every
-worker that ever ran (so they never go backwards), and each gauge is merged as its meaning
-requires (see its ``multiprocess_mode``).
+forks), and whichever worker a scrape reaches merges all of them: counters and histograms are
+summed over every worker that ever ran (so they never go backwards), and each gauge is merged
+as its meaning requires (see its ``multiprocess_mode``).
 """
 
 from __future__ import annotations
