@@ -250,6 +250,7 @@ class StreamMeter(Outcome):
             if edge == _FRESH:
                 if self._check_bom(data):
                     pos = 3 - len(buf)  # the first line starts after it
+                    self._bol = True  # also when the BOM came split over chunks
             elif data[0] == _LF:  # the second byte of a CRLF: not a line ending of its own
                 pos = 1
                 if not buf:  # that CR ended the last event, so this LF is that event's

@@ -10,7 +10,7 @@ import itertools
 import json
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from common.outcome import MAX_USAGE_TOKENS, PROTOCOL_ERRORS
@@ -137,6 +137,7 @@ hostile = st.one_of(
 
 
 @settings(max_examples=500)
+@example(raw=b"\xef\xbb\xbf\r", cuts=[1], limit=3, strip=False)  # a BOM split over chunks
 @given(
     raw=hostile,
     cuts=st.lists(st.integers(min_value=0, max_value=10**6), max_size=40),
