@@ -50,7 +50,7 @@ from benchmarks.mixed_workload import (
     stop,
 )
 
-_INFLIGHT = re.compile(r"^switchyard_batch_inflight_lines (\S+)$", re.M)
+_INFLIGHT = re.compile(r"^turnout_batch_inflight_lines (\S+)$", re.M)
 
 
 @dataclass
@@ -92,7 +92,7 @@ async def interactive_loop(
     """Poisson arrivals of streamed chats until ``done``; waits for those that arrived."""
     rng = random.Random(args.seed)
     scale, t0 = args.time_scale, time.perf_counter()
-    headers = {"X-Switchyard-Policy": args.policy, "X-Request-Class": "interactive"}
+    headers = {"X-Turnout-Policy": args.policy, "X-Request-Class": "interactive"}
     tasks: list[asyncio.Task[None]] = []
 
     async def send(i: int) -> None:
@@ -188,7 +188,7 @@ async def batch_phase(url: str, rows: list[dict[str, Any]], args: argparse.Names
 async def closed_phase(
     url: str, rows: list[dict[str, Any]], workers: int, args: argparse.Namespace
 ) -> Phase:
-    headers = {"X-Switchyard-Policy": args.policy, "X-Request-Class": "batch"}
+    headers = {"X-Turnout-Policy": args.policy, "X-Request-Class": "batch"}
     bodies = iter([orjson.dumps(r["body"]) for r in rows])
     results: list[Result] = []
     elapsed: list[float] = []

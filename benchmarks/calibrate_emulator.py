@@ -24,16 +24,16 @@ from collections.abc import Iterator
 import aiohttp
 import orjson
 
-from common.sse import StreamMeter
 from emulator.calibration import MIN_P95_TTFT_RATIO, SHAPE, compare, p95_ttft_ratio, table
 from emulator.simulate import figures
 from router.server.children import stop_all
+from turnout.common.sse import StreamMeter
 
 
 @contextlib.contextmanager
 def emulator(profile: str, time_scale: float) -> Iterator[str]:
-    """Run ``python -m emulator`` on a free loopback port; yield its URL."""
-    cmd = [sys.executable, "-m", "emulator", "--profile", profile, "--port", "0",
+    """Run ``python -m turnout emulator`` on a free loopback port; yield its URL."""
+    cmd = [sys.executable, "-m", "turnout", "emulator", "--profile", profile, "--port", "0",
            "--time-scale", str(time_scale)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:

@@ -16,7 +16,7 @@ least once, then more until ``--duration`` is up:
 Printed: requests sent, succeeded, failed before the first byte (must be 0: a healthy
 backend always remains), failed mid-stream (each must have ended with an SSE error event;
 streams that broke without one are counted apart), the router's failovers (its
-``switchyard_failovers_total``) and the router's RSS at start and end (``/proc``).
+``turnout_failovers_total``) and the router's RSS at start and end (``/proc``).
 """
 
 from __future__ import annotations
@@ -78,8 +78,9 @@ class Backend:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, extra: list[str]) -> None:
-        argv = [sys.executable, "-m", "emulator", "--profile", "vllm", "--port", str(self.port),
-                "--model", MODEL, "--time-scale", str(self.time_scale), *extra]  # fmt: skip
+        argv = [sys.executable, "-m", "turnout", "emulator", "--profile", "vllm",
+                "--port", str(self.port), "--model", MODEL,
+                "--time-scale", str(self.time_scale), *extra]  # fmt: skip
         self.proc, url = spawn_ready(argv, "emulator listening on ", 30.0)
         self.port = int(url.rsplit(":", 1)[1])
 
@@ -137,8 +138,8 @@ def started(backends: list[Backend], config_dir: Path) -> Iterator[tuple[str, in
             b.start([])
         path = config_dir / "chaos.yaml"
         path.write_text(yaml.safe_dump(router_config(backends)), encoding="utf-8")
-        argv = [sys.executable, "-m", "router", "serve", "--config", str(path), "--port", "0"]
-        router, url = spawn_ready(argv, "router listening on ", 30.0)
+        argv = [sys.executable, "-m", "turnout", "serve", "--config", str(path), "--port", "0"]
+        router, url = spawn_ready(argv, "turnout listening on ", 30.0)
         yield url, router.pid
     finally:
         if router is not None:
@@ -248,7 +249,7 @@ async def _failovers(url: str) -> int:
         sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith("switchyard_failovers_total{")
+            if line.startswith("turnout_failovers_total{")
         )
     )
 

@@ -1,7 +1,7 @@
 """How many streamed chunks per second one emulator process serves (it runs on one core).
 
-Starts ``emulator --profile vllm`` at ``--time-scale`` (default 10: a 64-sequence decode step
-lasts about 1.2 ms, so every step is its own wake-up and every chunk its own write, the
+Starts ``turnout emulator --profile vllm`` at ``--time-scale`` (default 10: a 64-sequence
+decode step lasts about 1.2 ms, so every step is its own wake-up and every chunk its own write, the
 realistic worst case), then runs N concurrent streaming completions with a lightweight
 aiohttp client that counts SSE events. Prints chunks/s over wall time and per
 CPU-second of the emulator process (read from /proc), the figure that does not depend on how
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--time-scale", type=float, default=10.0)
     args = p.parse_args(argv)
-    cmd = [sys.executable, "-m", "emulator", "--profile", "vllm", "--port", "0",
+    cmd = [sys.executable, "-m", "turnout", "emulator", "--profile", "vllm", "--port", "0",
            "--time-scale", str(args.time_scale)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:

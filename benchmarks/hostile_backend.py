@@ -275,10 +275,10 @@ def main() -> None:
         }
         path = Path(tmp) / "router.yaml"
         path.write_text(yaml.safe_dump(config))
-        router_argv = [sys.executable, "-m", "router", "serve", "--config", str(path),
+        router_argv = [sys.executable, "-m", "turnout", "serve", "--config", str(path),
                        "--port", "0"]  # fmt: skip
         root = args.router_root.resolve()
-        with _spawn(router_argv, root, "router listening on ") as (router, router_url):
+        with _spawn(router_argv, root, "turnout listening on ") as (router, router_url):
             print(f"router from {root}, flood {flood / 1e6:.0f} MB per attack")
             time.sleep(1.0)  # the first health probe and model discovery
             for attack in ATTACKS:

@@ -1,6 +1,6 @@
 """What the stream meter costs per event: chat chunks against the Responses API's typed events.
 
-The router feeds every upstream chunk through :class:`common.sse.StreamMeter` (with
+The router feeds every upstream chunk through :class:`turnout.common.sse.StreamMeter` (with
 ``track_gaps=False``, as router.proxy.handler does). A typed event is an ``event:`` line plus
 one ``data:`` line; the meter reads it on a shortcut rather than its general field parser.
 This feeds one event per chunk, as an engine sends them, for a chat stream, a Responses API
@@ -18,7 +18,7 @@ import time
 
 import orjson
 
-from common.sse import StreamMeter
+from turnout.common.sse import StreamMeter
 
 
 def chat_stream(tokens: int) -> list[bytes]:

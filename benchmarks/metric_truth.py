@@ -69,7 +69,7 @@ PAIRS = (
 @contextmanager
 def emulator(profile: str, time_scale: float, seed: int) -> Iterator[str]:
     """A fresh emulator process for one run."""
-    argv = [sys.executable, "-m", "emulator", "--profile", profile, "--port", "0"]
+    argv = [sys.executable, "-m", "turnout", "emulator", "--profile", profile, "--port", "0"]
     argv += ["--time-scale", str(time_scale), "--seed", str(seed)]
     proc, url = spawn_ready(argv, "emulator listening on", 30)
     try:
@@ -118,7 +118,7 @@ def payloads_to_batch(inputs: Path, batch: Path) -> int:
 
 def run_replay(a: argparse.Namespace, url: str, batch: Path, out: Path) -> dict[str, float]:
     """The replayer, closed loop at the same concurrency; returns its overall metrics."""
-    argv = [sys.executable, "-m", "replay", str(batch), "--target", url]
+    argv = [sys.executable, "-m", "turnout", "replay", str(batch), "--target", url]
     argv += ["--concurrency", str(a.concurrency), "--out", str(out), "--no-progress"]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     overall: dict[str, float] = json.loads(out.read_text())["runs"][0]["overall"]

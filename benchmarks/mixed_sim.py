@@ -14,7 +14,6 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from common.capture import CaptureRecord
 from policies.base import Policy
 from policies.types import Outcome, Slo
 from replay.client import Result
@@ -23,6 +22,7 @@ from replay.simulate.loop import Simulation
 from replay.simulate.world import World
 from replay.sources import Item, Synth
 from router.config.model import RouterConfig
+from turnout.common.capture import CaptureRecord
 
 URL = "/v1/chat/completions"
 

@@ -53,17 +53,17 @@ import uvloop
 import yaml
 
 from benchmarks.mixed_sim import COMPARED, HEADER, Cell, Figures, row, run_cell
-from common.sse import StreamMeter
 from policies.types import Outcome, Slo
 from router.config.parse import load_document, parse_config
 from router.server.children import spawn_ready, stop_all
+from turnout.common.sse import StreamMeter
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "config" / "router.yaml"
 POLICIES = ("vllm-only", "deepinfer-only", "round-robin", "least-outstanding", "class-split",
             "adaptive")  # fmt: skip
 MODEL = "deepseek-v4.1-flash"
-# Chat template cost under common/tokens.py: one message (4) plus the reply opener (2).
+# Chat template cost under turnout/common/tokens.py: one message (4) plus the reply opener (2).
 TEMPLATE_TOKENS = 6
 TARGETS = {"light": 1.15, "heavy": 1.05}
 """Batch throughput that adaptive must reach, as a multiple of class-split's."""
@@ -119,7 +119,7 @@ async def one(
     backend, status, streamed = "none", 0, False
     try:
         async with session.post(url, data=body, headers=headers) as resp:
-            status, backend = resp.status, resp.headers.get("X-Switchyard-Backend", "none")
+            status, backend = resp.status, resp.headers.get("X-Turnout-Backend", "none")
             streamed = resp.headers.get("Content-Type", "").startswith("text/event-stream")
             if streamed:
                 async for data in resp.content.iter_any():
@@ -153,7 +153,7 @@ async def workload(url: str, policy: str, rate: float, args: argparse.Namespace)
     rng, batch_rng = random.Random(args.seed), random.Random(args.seed + 1)
     run = Run(policy)
     endpoint = url + "/v1/chat/completions"
-    policy_header = {"X-Switchyard-Policy": policy}
+    policy_header = {"X-Turnout-Policy": policy}
     batch_headers = {**policy_header, "X-Request-Class": "batch"}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
     conn = aiohttp.TCPConnector(limit=0)
@@ -238,8 +238,8 @@ def config_slos(base: Path) -> dict[str, Slo]:
 def start_router(config: Mapping[str, Any], directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     path = directory / "router.yaml"
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
-    argv = [sys.executable, "-m", "router", "serve", "--config", str(path), "--port", "0"]
-    return spawn_ready(argv, "router listening on", 60)
+    argv = [sys.executable, "-m", "turnout", "serve", "--config", str(path), "--port", "0"]
+    return spawn_ready(argv, "turnout listening on", 60)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -332,7 +332,7 @@ def print_targets(
 
 
 _ERROR = re.compile(
-    r'^switchyard_policy_ttft_prediction_error_ratio\{backend="([^"]+)",policy="adaptive"\} (\S+)$',
+    r'^turnout_policy_ttft_prediction_error_ratio\{backend="([^"]+)",policy="adaptive"\} (\S+)$',
     re.M,
 )
 

@@ -3,7 +3,7 @@
 A Mooncake-style trace (``hash_ids`` name shared 512-token prompt blocks, which ``replay``
 turns into byte-identical prompt prefixes) is replayed, time-compressed, through:
 
-* Switchyard under ``round-robin``, ``least-outstanding``, session affinity (a pipeline with
+* Turnout under ``round-robin``, ``least-outstanding``, session affinity (a pipeline with
   the ``session-affinity`` scorer: the trace has no session ids, so it hashes the prompt's
   first 512 characters) and ``cache-aware``;
 * vllm-router (the Rust router; ``pip install vllm-router``) with its ``round_robin`` and
@@ -53,15 +53,15 @@ from typing import Any
 import orjson
 import yaml
 
-from common.capture import parse_line
 from emulator.profiles import Profile, load_profile
 from router.server.children import spawn_ready, stop_all
+from turnout.common.capture import parse_line
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "benchmarks" / "fixtures" / "shared_prefix_trace.jsonl"
 BLOCK_TOKENS = 512
 MAX_MODEL_LEN = 32768
-SWITCHYARD = {
+TURNOUT = {
     "round-robin": {"type": "round-robin"},
     "least-outstanding": {"type": "least-outstanding"},
     "session-affinity": {
@@ -219,7 +219,7 @@ def replicas(args: argparse.Namespace) -> Iterator[list[str]]:
     urls = []
     try:
         for i in range(args.replicas):
-            argv = [sys.executable, "-m", "emulator", "--profile", "vllm", "--port", "0",
+            argv = [sys.executable, "-m", "turnout", "emulator", "--profile", "vllm", "--port", "0",
                     "--time-scale", str(args.time_scale), "--seed", str(i),
                     "--set", "ranks=1", "--set", f"kv_cache_tokens={args.kv_tokens}"]  # fmt: skip
             proc, url = spawn_ready(argv, "emulator listening on", 30)
@@ -231,17 +231,17 @@ def replicas(args: argparse.Namespace) -> Iterator[list[str]]:
 
 
 @contextmanager
-def switchyard(urls: Sequence[str], directory: Path) -> Iterator[str]:
+def turnout(urls: Sequence[str], directory: Path) -> Iterator[str]:
     doc: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": 0},
         "backends": [{"name": f"r{i}", "engine": "vllm", "url": u} for i, u in enumerate(urls)],
-        "policies": SWITCHYARD,
+        "policies": TURNOUT,
         "default_policy": "round-robin",
     }
     path = directory / "router.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    argv = [sys.executable, "-m", "router", "serve", "--config", str(path), "--port", "0"]
-    proc, url = spawn_ready(argv, "router listening on", 60)
+    argv = [sys.executable, "-m", "turnout", "serve", "--config", str(path), "--port", "0"]
+    proc, url = spawn_ready(argv, "turnout listening on", 60)
     try:
         yield url
     finally:
@@ -318,7 +318,7 @@ def replay(url: str, policy: str | None, urls: Sequence[str], args: argparse.Nam
            directory: Path, label: str) -> Figures:  # fmt: skip
     """Replay the trace through ``url``; figures from the per-request results."""
     results, report = directory / f"{label}.results.jsonl", directory / f"{label}.json"
-    argv = [sys.executable, "-m", "replay", str(args.trace), "--target", url,
+    argv = [sys.executable, "-m", "turnout", "replay", str(args.trace), "--target", url,
             "--speed", str(args.speed or args.time_scale), "--no-progress",
             "--results", str(results), "--out", str(report)]  # fmt: skip
     if policy is not None:
@@ -355,7 +355,7 @@ def run_one(label: str, args: argparse.Namespace, binary: str | None, directory:
             assert binary is not None
             with vllm_router(binary, label.split()[1], urls, directory) as url:
                 return replay(url, None, urls, args, directory, label.replace(" ", "-"))
-        with switchyard(urls, directory) as url:
+        with turnout(urls, directory) as url:
             return replay(url, label, urls, args, directory, label)
 
 
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_trace is not None:
         write_trace(args.write_trace)
         return 0
-    labels = [*SWITCHYARD, *VLLM_ROUTER]
+    labels = [*TURNOUT, *VLLM_ROUTER]
     if args.only:
         labels = [x for x in labels if x in args.only.split(",")]
     if args.vllm_router is None:

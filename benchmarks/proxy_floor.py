@@ -1,4 +1,4 @@
-"""The floor of Switchyard's architecture: a proxy with its server and upstream side and
+"""The floor of Turnout's architecture: a proxy with its server and upstream side and
 nothing else, for benchmarks/proxy_versus.py's side-by-side.
 
     python -m benchmarks.proxy_floor UPSTREAM_URL [--lean]

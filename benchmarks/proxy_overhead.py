@@ -298,14 +298,14 @@ def _versus(upstream: str, router: str, pid: int, args: argparse.Namespace, tmp:
     floor_argv = [sys.executable, "-m", "benchmarks.proxy_floor", upstream]
     floor, floor_url = spawn_ready(floor_argv, proxy_floor.READY, 30)
     lean, lean_url = spawn_ready([*floor_argv, "--lean"], proxy_floor.READY, 30)
-    proxies = [vs.Proxy("switchyard", router, pid), vs.Proxy("floor", floor_url, floor.pid),
+    proxies = [vs.Proxy("turnout", router, pid), vs.Proxy("floor", floor_url, floor.pid),
                vs.Proxy("floor-lean", lean_url, lean.pid)]  # fmt: skip
     base = None
     if args.baseline:  # the router package imported from that tree, on the same config
         run = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('router')"
         cfg = _router_config(upstream, tmp, access_log=not args.no_access_log)
         argv = [sys.executable, "-c", run, args.baseline, "serve", "--config", str(cfg)]
-        base, base_url = spawn_ready(argv, "router listening on ", 30)
+        base, base_url = spawn_ready(argv, "turnout listening on ", 30)
         proxies.append(vs.Proxy("baseline", base_url, base.pid))
     rust, found = vs.start_vllm_router(upstream, tmp)  # its URL, or why it cannot run
     try:
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--versus",
         action="store_true",
-        help="instead: Switchyard and vllm-router side by side (benchmarks/proxy_versus.py)",
+        help="instead: Turnout and vllm-router side by side (benchmarks/proxy_versus.py)",
     )
     ap.add_argument(
         "--baseline",
@@ -374,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                                     UPSTREAM_READY, 30)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _router_config(upstream, Path(tmp), access_log=not args.no_access_log)
-        r_proc, router = spawn_ready([exe, "-m", "router", "serve", "--config", str(cfg)],
-                                     "router listening on ", 30)  # fmt: skip
+        r_proc, router = spawn_ready([exe, "-m", "turnout", "serve", "--config", str(cfg)],
+                                     "turnout listening on ", 30)  # fmt: skip
         if args.pin:
             os.sched_setaffinity(r_proc.pid, {0})
             os.sched_setaffinity(up_proc.pid, {1})

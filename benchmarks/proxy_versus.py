@@ -1,4 +1,4 @@
-"""Switchyard against vllm-router (the Rust router) in front of the same upstream, one run.
+"""Turnout against vllm-router (the Rust router) in front of the same upstream, one run.
 
     python -m benchmarks.proxy_overhead --versus [--rounds 3] [--pin]
 
@@ -125,10 +125,10 @@ def report(figures: dict[str, Figures], why_alone: str | None) -> None:
         print(f"{name:13} {f.cpu_per_1k[n2]:>20.4f} {f.cpu_per_1k[n1]:>9.4f} "
               f"{chunk * 1e6:>8.1f}us {request * 1e6:>10.0f}us {f.ttft50 * 1000:>8.2f}ms "
               f"{f.rps_per_core:>28.0f}")  # fmt: skip
-    ours = figures["switchyard"]
+    ours = figures["turnout"]
     checks = [
-        ("Switchyard per-request CPU (us)", ours.fit()[1] * 1e6, 120.0, "<="),
-        ("Switchyard added TTFT p50 (ms)", ours.ttft50 * 1000, 0.5, "<="),
+        ("Turnout per-request CPU (us)", ours.fit()[1] * 1e6, 120.0, "<="),
+        ("Turnout added TTFT p50 (ms)", ours.ttft50 * 1000, 0.5, "<="),
     ]
     rust = figures.get("vllm-router")
     if rust is None:

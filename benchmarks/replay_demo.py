@@ -1,6 +1,6 @@
 """The replay part of `make demo`: the bundled capture under three policies, side by side.
 
-Starts the embedded default (``router serve``: two emulated engines and the router), replays
+Starts the embedded default (``turnout serve``: two emulated engines and the router), replays
 config/demo-capture.jsonl (four minutes of mixed interactive and batch traffic, at --speed 6
 so each run takes about 40 seconds) once per policy among round-robin, class-split and adaptive
 that the router offers, prints the comparison table and writes report.json and report.html::
@@ -26,7 +26,7 @@ WANTED = ("round-robin", "class-split", "adaptive")
 
 def available_policies(router: str) -> list[str]:
     """The wanted policies the router lists, in the wanted order."""
-    with urllib.request.urlopen(router + "/switchyard/policies", timeout=10) as r:
+    with urllib.request.urlopen(router + "/turnout/policies", timeout=10) as r:
         names = {p["name"] for p in json.load(r)}
     return [p for p in WANTED if p in names]
 
@@ -38,14 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-requests", type=int, help="cut the capture short (for a quick look)")
     a = p.parse_args(argv)
     a.out_dir.mkdir(parents=True, exist_ok=True)
-    argv_router = [sys.executable, "-m", "router", "serve", "--port", "0"]
+    argv_router = [sys.executable, "-m", "turnout", "serve", "--port", "0"]
     print("starting the embedded default (two emulated engines and the router)...", flush=True)
-    proc, url = spawn_ready(argv_router, "router listening on", 120)
+    proc, url = spawn_ready(argv_router, "turnout listening on", 120)
     try:
         policies = available_policies(url)
         print(f"router at {url}; replaying {CAPTURE.name} under {', '.join(policies)}", flush=True)
         report, page = a.out_dir / "report.json", a.out_dir / "report.html"
-        cmd = [sys.executable, "-m", "replay", str(CAPTURE), "--target", url]
+        cmd = [sys.executable, "-m", "turnout", "replay", str(CAPTURE), "--target", url]
         cmd += ["--speed", str(a.speed), "--out", str(report), "--html", str(page)]
         for name in policies:
             cmd += ["--policy", name]

@@ -20,7 +20,7 @@ import random
 import sys
 from pathlib import Path
 
-from common.capture import CaptureRecord, Response, Route, dump_line, iso_utc
+from turnout.common.capture import CaptureRecord, Response, Route, dump_line, iso_utc
 
 MODEL = "deepseek-v4.1-flash"
 URL = "/v1/chat/completions"

@@ -27,8 +27,8 @@ from typing import cast
 
 import uvloop
 
-from common.capture import CaptureRecord, dump_line
 from router.server.children import spawn_ready
+from turnout.common.capture import CaptureRecord, dump_line
 
 _EVENTS = b"".join(
     b'data: {"choices":[{"index":0,"delta":{"content":"tok"},"finish_reason":null}]}\n\n'
@@ -103,7 +103,17 @@ def write_capture(path: Path, n: int, rate: float) -> None:
 
 def replay_once(capture: Path, target: str, out: Path) -> tuple[dict[str, float], float, float]:
     """Run the replay CLI; return its overall metrics, wall time and peak RSS (MiB)."""
-    argv = [sys.executable, "-m", "replay", str(capture), "--target", target, "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "turnout",
+        "replay",
+        str(capture),
+        "--target",
+        target,
+        "--out",
+        str(out),
+    ]
     start = time.monotonic()
     proc = subprocess.Popen([*argv, "--no-progress"], stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)

@@ -44,7 +44,9 @@ METRICS = (
 
 
 def _replay(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "replay", *args], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "turnout", "replay", *args], check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def _runs(path: Path) -> dict[str, dict[str, Any]]:
@@ -59,12 +61,12 @@ def fidelity(a: argparse.Namespace) -> None:
     common = [a.trace, "--window", a.window, "--sessions", a.sessions]
     for name in a.policies:
         common += ["--policy", name]
-    argv = [sys.executable, "-m", "router", "serve", "--port", "0"]
+    argv = [sys.executable, "-m", "turnout", "serve", "--port", "0"]
     if a.config:
         argv += ["--config", a.config]
     if not (a.reuse_live and live.exists()):
         print(f"live replay of {a.trace} [{a.window}] through the router...", flush=True)
-        proc, url = spawn_ready(argv, "router listening on", 120)
+        proc, url = spawn_ready(argv, "turnout listening on", 120)
         try:
             _replay(*common, "--target", url, "--out", str(live), "--no-progress")
         finally:

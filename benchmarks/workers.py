@@ -6,7 +6,7 @@ For each worker count it starts one emulator and the router (real processes, loo
   connection so the kernel spreads them over the workers, while a scraper reads /metrics
   (also a fresh connection each time) every 250 ms; then ``--scrapes`` more scrapes once the
   load is done. It prints the request rate, the scrape time, whether
-  ``switchyard_requests_total`` ever went backwards, and the last scrapes' totals against the
+  ``turnout_requests_total`` ever went backwards, and the last scrapes' totals against the
   number of requests answered;
 - opens one long stream, sends SIGTERM with ``shutdown.drain_seconds`` = ``--drain``, and
   prints when the stream got its error event and when the router exited.
@@ -62,7 +62,7 @@ def _total(text: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("switchyard_requests_total{")
+        if line.startswith("turnout_requests_total{")
     )
 
 
@@ -126,7 +126,7 @@ async def _drain(url: str, router_proc: subprocess.Popen[bytes], out: Figures) -
 
 def _run(workers: int, args: argparse.Namespace, tmp: Path) -> Figures:
     out = Figures(workers)
-    emu_argv = [sys.executable, "-m", "emulator", "--profile", "vllm", "--port", "0",
+    emu_argv = [sys.executable, "-m", "turnout", "emulator", "--profile", "vllm", "--port", "0",
                 "--time-scale", "4"]  # fmt: skip
     emu, emu_url = spawn_ready(emu_argv, "emulator listening on ", 30.0)
     procs = [emu]
@@ -140,9 +140,9 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path) -> Figures:
         }
         path = tmp / f"router-{workers}.yaml"
         path.write_text(yaml.safe_dump(doc))
-        argv = [sys.executable, "-m", "router", "serve", "--config", str(path),
+        argv = [sys.executable, "-m", "turnout", "serve", "--config", str(path),
                 "--workers", str(workers)]  # fmt: skip
-        router, url = spawn_ready(argv, "router listening on ", 30.0)
+        router, url = spawn_ready(argv, "turnout listening on ", 30.0)
         procs.append(router)
         uvloop.run(_load(url, args.requests, args.concurrency, args.scrapes, out))
         uvloop.run(_drain(url, router, out))

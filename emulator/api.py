@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import orjson
 
-from common.tokens import count_chat, count_text, response_messages
+from turnout.common.tokens import count_chat, count_text, response_messages
 
 Api = Literal["chat", "completions", "responses"]
 

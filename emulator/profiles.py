@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-ENGINES_DIR = Path(__file__).resolve().parent.parent / "config" / "engines"
+# The bundled profiles: the repository's config/engines/, installed as turnout.config.engines.
+ENGINES_DIR = Path(str(files("turnout.config.engines")))
 
 SCHEDULING_MODES = ("mixed", "overlap")
 SCHEDULING_POLICIES = ("fcfs", "priority")

@@ -1,6 +1,6 @@
 """The token ids the prefix cache hashes: a request's prompt and its output.
 
-Tokens follow the shared counting rule (:mod:`common.tokens`). The cache only needs equal
+Tokens follow the shared counting rule (:mod:`turnout.common.tokens`). The cache only needs equal
 text to give equal ids within one process, so an id is the token text's own hash (``/tokenize``
 has its own stable ids, in :mod:`emulator.surface`). A chat prompt is rendered with a fixed
 template whose markers make up the rule's overheads: each message is ``<start> role content
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common.tokens import message_text, response_messages, text_tokens
 from emulator.api import Api
+from turnout.common.tokens import message_text, response_messages, text_tokens
 
 _START, _END, _NEWLINE = "<|start|>", "<|end|>", "\n"
 

@@ -1,6 +1,6 @@
 """Bodies of the emulator's non-generating endpoints: models, tokenize, detokenize, embeddings.
 
-The tokenizer follows the counting rule of common/tokens.py. Its ids: below ``_SPECIAL`` the
+The tokenizer follows the counting rule of turnout/common/tokens.py. Its ids: below ``_SPECIAL`` the
 chat template's markers; then every word and punctuation mark the emulator's output is drawn
 from, and the rest of ASCII punctuation, so its own output round-trips through
 ``/detokenize``; any other token gets a stable id by hash, which ``/detokenize`` can only
@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
-from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, message_text, text_tokens
 from emulator.api import ApiError, check_model
 from emulator.text import PUNCTUATION, WORDS, embedding
+from turnout.common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, message_text, text_tokens
 
 _VOCAB = 100_000
 _SPECIAL = 3  # ids below this stand for template markers in chat prompts

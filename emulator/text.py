@@ -2,7 +2,7 @@
 
 Output is drawn token by token from a fixed vocabulary of plain words and two punctuation
 marks. A word is rendered with a leading space (except at the very start) and punctuation
-without one, so counting the concatenated text with :func:`common.tokens.count_text` gives
+without one, so counting the concatenated text with :func:`turnout.common.tokens.count_text` gives
 back exactly the number of tokens drawn.
 """
 

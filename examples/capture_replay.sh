@@ -29,7 +29,7 @@ trap stop_router EXIT
 
 # Start the router in the background and wait (at most 60 s) until /ready answers 200.
 start_router() {
-  "$BIN/router" serve --port "$PORT" "$@" >"$WORK/router.out" 2>>"$WORK/router.log" &
+  "$BIN/turnout" serve --port "$PORT" "$@" >"$WORK/router.out" 2>>"$WORK/router.log" &
   ROUTER_PID=$!
   "$BIN/python" - "$URL/ready" <<'PY'
 import sys, time, urllib.request

@@ -1,15 +1,15 @@
-"""Talk to Switchyard with the official OpenAI client: nothing but ``base_url`` changes.
+"""Talk to Turnout with the official OpenAI client: nothing but ``base_url`` changes.
 
     python examples/openai_client.py [--base-url http://127.0.0.1:8080/v1] [--requests 6]
 
 Sends a mix of the two request classes the router tells apart and prints, for each request,
-where it went (the ``X-Switchyard-*`` response headers) and how it was answered:
+where it went (the ``X-Turnout-*`` response headers) and how it was answered:
 
 - interactive: streamed chats (the router measures TTFT from the stream);
 - batch: non-streamed requests with ``service_tier="flex"`` (OpenAI's own way to say
   "cheaper, slower is fine"; the router's default config classifies them as batch);
 - one request that names its class and policy in headers (``X-Request-Class``,
-  ``X-Switchyard-Policy``), as a replay or a canary client would;
+  ``X-Turnout-Policy``), as a replay or a canary client would;
 - one streamed request to the Responses API (``client.responses.create``), the API new
   applications are written against: routed and measured like a chat.
 """
@@ -24,15 +24,15 @@ from openai import OpenAI
 
 PROMPTS = (
     "Explain continuous batching in one sentence.",
-    "Write a haiku about a railway switchyard.",
+    "Write a haiku about a railway turnout.",
     "Name three reasons to stream LLM responses.",
 )
 
 
 def show(kind: str, headers: dict[str, str], text: str, seconds: float) -> None:
     route = (
-        f"backend={headers.get('x-switchyard-backend')} "
-        f"policy={headers.get('x-switchyard-policy')} class={headers.get('x-switchyard-class')}"
+        f"backend={headers.get('x-turnout-backend')} "
+        f"policy={headers.get('x-turnout-policy')} class={headers.get('x-turnout-class')}"
     )
     print(f"{kind:11} {route:50} {seconds * 1000:7.0f} ms  {text[:40]!r}")
 
@@ -71,7 +71,7 @@ def pinned(client: OpenAI, model: str, policy: str) -> None:
         model=model,
         prompt="The capital of France is",
         max_tokens=8,
-        extra_headers={"X-Request-Class": "interactive", "X-Switchyard-Policy": policy},
+        extra_headers={"X-Request-Class": "interactive", "X-Turnout-Policy": policy},
     )
     show("headers", dict(raw.headers), raw.parse().choices[0].text, time.perf_counter() - start)
 

@@ -26,7 +26,6 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from common.schema import Reader, unknown
 from policies.affinity import affinity_key, home
 from policies.params import BuildContext
 from policies.predictor import (
@@ -47,6 +46,7 @@ from policies.types import (
     Slo,
     group_of,
 )
+from turnout.common.schema import Reader, unknown
 
 # How fast the typical interactive prompt size (used for the headroom check) follows traffic.
 _PROMPT_ALPHA = 0.1

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.schema import Reader
 from policies.base import Filter
 from policies.params import BuildContext, class_orders
 from policies.types import Candidate, RequestClass, RequestInfo, group_of
+from turnout.common.schema import Reader
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """What plugin factories build against: the configured backends, and their params' shapes.
 
-Factories read their params through the one config reader, :class:`common.schema.Reader`.
+Factories read their params through the one config reader, :class:`turnout.common.schema.Reader`.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.schema import Reader, join, unknown
 from policies.base import NullObserver, PipelineObserver
 from policies.types import REQUEST_CLASSES, BackendInfo, RequestClass
+from turnout.common.schema import Reader, join, unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.schema import Reader
 from policies.base import Picker
 from policies.params import BuildContext
 from policies.types import Candidate, RequestInfo
+from turnout.common.schema import Reader
 
 
 @dataclass(frozen=True, slots=True)

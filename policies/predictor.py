@@ -33,9 +33,9 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.schema import Reader
 from policies.params import BuildContext
 from policies.types import Candidate, Outcome, RequestInfo, group_of
+from turnout.common.schema import Reader
 
 
 def queued_prefill_tokens(c: Candidate, typical_prompt: float) -> float:

@@ -25,11 +25,11 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from common.schema import Reader
 from policies.base import Filter, Scorer
 from policies.params import BuildContext
 from policies.pipeline import NO_HEALTHY
 from policies.types import Candidate, Decision, Outcome, RequestInfo, group_of
+from turnout.common.schema import Reader
 
 BLOCK_CHARS = 256
 """Characters per block: about 50 tokens of English text, a few engine blocks."""

@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar, cast
 
-from common.schema import Errors, Reader, join, unknown
 from policies import adaptive, filters, pickers, prefix, scorers
 from policies.base import Filter, NullObserver, Picker, PipelineObserver, Policy, Scorer
 from policies.params import BuildContext, class_orders
 from policies.pipeline import PipelinePolicy
 from policies.signals import inflight, outstanding_tokens
 from policies.types import BackendInfo
+from turnout.common.schema import Errors, Reader, join, unknown
 
 __all__ = ["BackendInfo", "PolicyConfigError", "build_policy", "policy_types"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from common.schema import Reader
 from policies.affinity import affinity_key, home
 from policies.base import Scorer
 from policies.params import BuildContext, class_orders
@@ -18,6 +17,7 @@ from policies.signals import (
     queue_depths,
 )
 from policies.types import Candidate, Outcome, RequestClass, RequestInfo, group_of
+from turnout.common.schema import Reader
 
 
 @dataclass(frozen=True, slots=True)

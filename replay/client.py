@@ -1,6 +1,6 @@
 """Send one request with aiohttp and measure it with the shared SSE meter.
 
-Definitions follow vLLM's serving benchmark (see :mod:`common.sse`): TTFT from the send to
+Definitions follow vLLM's serving benchmark (see :mod:`turnout.common.sse`): TTFT from the send to
 the first content chunk, ITL between content chunks, E2E to the last byte.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from common.capture import CaptureRecord
-from common.sse import StreamMeter
 from replay.sources import RESPONSES_URL
+from turnout.common.capture import CaptureRecord
+from turnout.common.sse import StreamMeter
 
 DEFAULT_CLASS = "default"
 
@@ -129,7 +129,7 @@ def _choice_text(doc: Any) -> str:
 
 
 class Client:
-    """Sends requests to one target; ``policy`` goes out as ``X-Switchyard-Policy``."""
+    """Sends requests to one target; ``policy`` goes out as ``X-Turnout-Policy``."""
 
     def __init__(
         self,
@@ -152,9 +152,9 @@ class Client:
         cls = rec.headers.get("x-request-class")
         if cls:
             headers["x-request-class"] = cls
-        policy = self._policy or rec.headers.get("x-switchyard-policy")
+        policy = self._policy or rec.headers.get("x-turnout-policy")
         if policy:  # --policy wins; otherwise the policy the client itself asked for
-            headers["x-switchyard-policy"] = policy
+            headers["x-turnout-policy"] = policy
         res = Result(rec.custom_id, request_class(rec), 0, False, lag, policy=self._policy)
         n = rec.body.get("n")
         res.choices = n if type(n) is int and n > 1 else 1
@@ -164,9 +164,9 @@ class Client:
         try:
             async with self._session.post(self._base + rec.url, data=body, headers=headers) as r:
                 res.status = r.status
-                res.backend = r.headers.get("x-switchyard-backend")
-                res.request_class = r.headers.get("x-switchyard-class") or res.request_class
-                res.policy = r.headers.get("x-switchyard-policy") or self._policy
+                res.backend = r.headers.get("x-turnout-backend")
+                res.request_class = r.headers.get("x-turnout-class") or res.request_class
+                res.policy = r.headers.get("x-turnout-policy") or self._policy
                 res.stream = r.content_type == "text/event-stream"
                 if res.stream:
                     async for chunk in r.content.iter_any():

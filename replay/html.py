@@ -23,7 +23,7 @@ Samples = dict[str, dict[str, dict[str, list[float]]]]
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<title>Switchyard replay report</title>
+<title>Turnout replay report</title>
 <style>
 body{font:14px system-ui,sans-serif;margin:24px;color:#222}
 table{border-collapse:collapse;margin:8px 0 24px}
@@ -34,7 +34,7 @@ figure{margin:0}
 figcaption{font-weight:600;margin-bottom:4px}
 </style></head>
 <body>
-<h1>Switchyard replay report</h1>
+<h1>Turnout replay report</h1>
 <p>__SUMMARY__</p>
 <div id="tables"></div>
 <h2>Latency CDFs</h2>

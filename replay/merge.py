@@ -17,10 +17,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common.capture import CaptureFormatError, CaptureRecord, parse_line
 from replay.client import Result, request_class
 from replay.replayer import dumps_report
 from replay.report import RunReport, render_tables
+from turnout.common.capture import CaptureFormatError, CaptureRecord, parse_line
 
 
 def _result(rec: CaptureRecord) -> Result:

@@ -18,7 +18,6 @@ from typing import IO, Any
 import aiohttp
 import orjson
 
-from common.capture import CaptureRecord, Observed, Response, Route, dump_line, iso_utc
 from replay.client import Client, Result, encode_body
 from replay.plan import Plan, PlanOptions, dry_run
 from replay.report import RunReport
@@ -26,6 +25,7 @@ from replay.runner import Runner
 from replay.sessions import Conversations
 from replay.sources import Format, Item, SessionMode, Source
 from replay.synth import Calibration, PromptSynth, calibrate
+from turnout.common.capture import CaptureRecord, Observed, Response, Route, dump_line, iso_utc
 
 _TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import orjson
 
-from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD
 from replay.client import Result, encode_body
 from replay.sources import RESPONSES_URL, Item, Synth
 from replay.synth import PromptSynth
+from turnout.common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD
 
 Message = Mapping[str, Any]
 

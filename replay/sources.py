@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import orjson
 
-from common.capture import CaptureFormatError, CaptureRecord, Response, record_from_dict
+from turnout.common.capture import CaptureFormatError, CaptureRecord, Response, record_from_dict
 
 BLOCK_TOKENS = 512
 """Tokens per Mooncake ``hash_ids`` block."""

@@ -1,7 +1,7 @@
 """Prompt synthesis: chat prompts of an exact token length, with shared prefixes on request.
 
 Synthetic text is made of short lower-case words, each one token under the documented rule
-(:mod:`common.tokens`). A target with its own tokenizer may count differently, so a
+(:mod:`turnout.common.tokens`). A target with its own tokenizer may count differently, so a
 :class:`Calibration` (fitted once per run from two ``/tokenize`` probes, or taken from the
 rule when the target has no ``/tokenize``) turns a token length into a word count.
 
@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD
 from replay.sources import BLOCK_TOKENS, CHAT_URL, RESPONSES_URL, Synth
+from turnout.common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD
 
 _VOCAB = (
     "the",

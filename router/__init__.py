@@ -1,1 +1,1 @@
-"""The Switchyard router: an OpenAI-compatible reverse proxy that routes each request by policy."""
+"""The Turnout router: an OpenAI-compatible reverse proxy that routes each request by policy."""

@@ -83,7 +83,7 @@ def build_app(
 ) -> web.Application:
     """The router app for ``config`` (backend URLs must be resolved already).
 
-    With ``config_path``, ``POST /switchyard/reload`` (and :data:`RELOADER`) reload from it.
+    With ``config_path``, ``POST /turnout/reload`` (and :data:`RELOADER`) reload from it.
     ``resolver`` looks up discovered backends' names (a test may give its own).
     ``shared``: this worker's row of the backend load its router's workers share.
     """
@@ -131,7 +131,7 @@ def build_app(
         app[RELOADER] = reloader = Reloader(
             state, config_path, partial(build_policies, metrics=metrics)
         )
-        app.router.add_post("/switchyard/reload", reloader.handle)
+        app.router.add_post("/turnout/reload", reloader.handle)
     return app
 
 
@@ -241,13 +241,13 @@ def _routes(app: web.Application, state: RouterState) -> None:
     r.add_get("/health", health)
     r.add_get("/ready", ready)
     r.add_get("/metrics", metrics)
-    r.add_get("/switchyard/backends", backends)
-    r.add_get("/switchyard/policies", policies)
+    r.add_get("/turnout/backends", backends)
+    r.add_get("/turnout/policies", policies)
 
 
 def _card(model: str) -> dict[str, object]:
     """One model as ``/v1/models`` lists it."""
-    return {"id": model, "object": "model", "created": 0, "owned_by": "switchyard"}
+    return {"id": model, "object": "model", "created": 0, "owned_by": "turnout"}
 
 
 def _json(doc: object) -> web.Response:
@@ -267,7 +267,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _server_header(_: web.Request, response: web.StreamResponse) -> None:
-    """Every answer says ``Server: switchyard`` (aiohttp's default names its and Python's
+    """Every answer says ``Server: turnout`` (aiohttp's default names its and Python's
     versions); an engine's own is never passed on (router.proxy.upstream)."""
     response.headers["Server"] = SERVER
 

@@ -1,11 +1,12 @@
-"""``router`` console script.
+"""The router's subcommands of ``turnout`` (turnout/cli.py dispatches here).
 
-    router serve [--config PATH] [--host HOST] [--port PORT] [--workers N]
-    router check-config PATH
+    turnout serve [--config PATH] [--host HOST] [--port PORT] [--workers N]
+    turnout check-config PATH
+    turnout print-default-config
 
-``serve`` without ``--config`` uses the embedded default (config/router.yaml), which starts
-two emulated engines as child processes. Once listening it prints
-``router listening on http://HOST:PORT`` and flushes. With ``--workers N`` N processes
+``serve`` without ``--config`` uses the embedded default (config/router.yaml, installed as
+``turnout.config``), which starts two emulated engines as child processes. Once listening it
+prints ``turnout listening on http://HOST:PORT`` and flushes. With ``--workers N`` N processes
 share the port through SO_REUSEPORT; they share their backend load, and any one's /metrics
 shows them all.
 """
@@ -37,26 +38,45 @@ from router.server.children import Children
 from router.workers import Sharing, supervise
 
 log = logging.getLogger("router")
-READY = "router listening on "
+READY = "turnout listening on "
 REFRESH_SECONDS = 1.0
 
 
 def default_config_path() -> Path:
-    """The embedded default, shipped as package data of ``config``."""
-    return Path(str(files("config").joinpath("router.yaml")))
+    """The embedded default, shipped as package data of ``turnout.config``."""
+    return Path(str(files("turnout.config").joinpath("router.yaml")))
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="router", description="Switchyard LLM router.")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the router")
-    s.add_argument("--config", type=Path, help="YAML config (default: the embedded default)")
-    s.add_argument("--host", help="listen address (overrides listen.host)")
-    s.add_argument("--port", type=int, help="listen port, 0 for a free one (overrides listen.port)")
-    s.add_argument("--workers", type=int, default=1, help="processes sharing the port")
-    c = sub.add_parser("check-config", help="validate a config; exit 2 listing every error")
-    c.add_argument("path", type=Path)
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="turnout serve",
+        description="Run the router.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--config", type=Path, help="YAML config (default: the embedded default)")
+    p.add_argument("--host", help="listen address (overrides listen.host)")
+    p.add_argument("--port", type=int, help="listen port, 0 for a free one (overrides listen.port)")
+    p.add_argument("--workers", type=int, default=1, help="processes sharing the port")
     return p
+
+
+def check_main(argv: list[str]) -> int:
+    """``turnout check-config PATH``."""
+    p = argparse.ArgumentParser(
+        prog="turnout check-config", description="Validate a config; exit 2 listing every error."
+    )
+    p.add_argument("path", type=Path)
+    return check_config(p.parse_args(argv).path)
+
+
+def print_default_main(argv: list[str]) -> int:
+    """``turnout print-default-config``: the embedded default, to start one's own from."""
+    argparse.ArgumentParser(
+        prog="turnout print-default-config",
+        description="Print the embedded default config (turnout print-default-config > my.yaml).",
+    ).parse_args(argv)
+    sys.stdout.write(default_config_path().read_text(encoding="utf-8"))
+    return 0
 
 
 def load_checked(path: Path) -> RouterConfig:
@@ -102,11 +122,10 @@ def env_warnings(config: RouterConfig) -> list[tuple[str, str]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def serve_main(argv: list[str]) -> int:
+    """``turnout serve``."""
+    args = _serve_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.command == "check-config":
-        return check_config(args.path)
     path = args.config or default_config_path()
     try:
         config = load_checked(path)
@@ -119,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port if args.port is not None else config.listen.port,
     )
     if args.workers < 1:
-        print("router: --workers must be at least 1", file=sys.stderr)
+        print("turnout serve: --workers must be at least 1", file=sys.stderr)
         return 2
     try:  # bind before starting emulators, so a busy port fails fast
         sock = listen_socket(listen.host, listen.port, reuse_port=args.workers > 1)
     except OSError as exc:
-        print(f"router: cannot listen on {listen.host}:{listen.port}: {exc}", file=sys.stderr)
+        print(
+            f"turnout serve: cannot listen on {listen.host}:{listen.port}: {exc}", file=sys.stderr
+        )
         return 1
     for key, message in env_warnings(config):
         log.warning("%s: %s", key, message)
@@ -144,7 +165,7 @@ def _serve(
             return 0
         return supervise(config, sock, workers, path, _worker, _announce)
     except RuntimeError as exc:  # an emulator child did not come up
-        print(f"router: {exc}", file=sys.stderr)
+        print(f"turnout serve: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

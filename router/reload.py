@@ -1,4 +1,4 @@
-"""Configuration reload without a restart (SIGHUP or ``POST /switchyard/reload``).
+"""Configuration reload without a restart (SIGHUP or ``POST /turnout/reload``).
 
 A reload reads the config file again, validates it completely (the same checks as at start,
 plus the API keys' sources) and only then swaps it in; an invalid file is refused with every
@@ -80,7 +80,7 @@ class Reloader:
                 await self._state.fleet.settled()
 
     async def handle(self, _: web.Request) -> web.Response:
-        """``POST /switchyard/reload`` (admin): 200 when applied (new backends probed and
+        """``POST /turnout/reload`` (admin): 200 when applied (new backends probed and
         in the pool, discovered names looked up), 400 with the errors."""
         async with self._lock:
             errors = self.reload()

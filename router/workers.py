@@ -1,4 +1,4 @@
-"""``router serve --workers N``: the parent process that forks the workers and keeps them up.
+"""``turnout serve --workers N``: the parent process that forks the workers and keeps them up.
 
 The parent maps the backend load the workers share and points every worker's metrics at one
 fresh directory before forking, so any worker's /metrics shows them all. Then it only waits
@@ -68,7 +68,7 @@ def supervise(
 ) -> int:
     """Fork ``workers`` processes serving on ``first``'s SO_REUSEPORT port until a signal
     stops them; ``announce(url)`` once all are up. Returns the exit code."""
-    metrics_dir = Path(tempfile.mkdtemp(prefix="switchyard-metrics-"))
+    metrics_dir = Path(tempfile.mkdtemp(prefix="turnout-metrics-"))
     share_between_workers(metrics_dir)
     sharing = Sharing(SharedLoad(workers), metrics_dir)
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)

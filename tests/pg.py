@@ -51,7 +51,7 @@ def start_postgres() -> Iterator[Postgres]:
         pytest.skip(
             "PostgreSQL is not installed (no initdb/pg_ctl on PATH or in /usr/lib/postgresql)"
         )
-    root = Path(tempfile.mkdtemp(prefix="switchyard-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="turnout-pg-"))
     as_user: list[str] = []
     if os.geteuid() == 0:
         root.chmod(0o755)  # nobody must reach its data directory inside

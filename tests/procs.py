@@ -1,9 +1,9 @@
-"""Run real Switchyard processes (emulator, router) for tests, over loopback only.
+"""Run real Turnout processes (emulator, router) for tests, over loopback only.
 
 ``start_process`` spawns a command, waits (bounded) for the line that says it is ready and
 yields the URL it printed; on exit it terminates the process and kills it after a grace
-period. ``start_emulator`` wraps it for ``python -m emulator`` on a free port; ``run_replay``
-runs the replay CLI to completion::
+period. ``start_emulator`` wraps it for ``python -m turnout emulator`` on a free port;
+``run_replay`` runs the replay CLI to completion::
 
     with start_emulator("vllm", time_scale=50) as emu:
         client = openai.OpenAI(base_url=emu.url + "/v1", api_key="x")
@@ -117,8 +117,8 @@ def start_emulator(
     args: Sequence[str] = (),
     timeout: float = 20.0,
 ) -> Iterator[Emulator]:
-    """Run ``python -m emulator --profile PROFILE --port 0 ...`` until the block exits."""
-    argv = [sys.executable, "-m", "emulator", "--profile", profile, "--port", "0",
+    """Run ``python -m turnout emulator --profile PROFILE --port 0 ...`` until the block exits."""
+    argv = [sys.executable, "-m", "turnout", "emulator", "--profile", profile, "--port", "0",
             "--time-scale", str(time_scale), "--seed", str(seed), *args]  # fmt: skip
     with start_process(argv, "emulator listening on", timeout) as proc:
         yield proc
@@ -127,7 +127,7 @@ def start_emulator(
 def run_replay(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     """``python -m replay ARGS`` from the repository root, output captured, bounded in time."""
     return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
+        [sys.executable, "-m", "turnout", "replay", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -30,7 +30,7 @@ TOP_DIRS = (
     "policies",
     "replay",
     "emulator",
-    "common",
+    "turnout",
     "config",
     "deploy",
     "benchmarks",

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from replay.__main__ import _positive, _shard, _window, add_sessions_option
+from replay.cli import _positive, _shard, _window, add_sessions_option
 from replay.client import Result
 from replay.html import collect_samples, render_html
 from replay.plan import Plan, Planned, PlanOptions, dry_run

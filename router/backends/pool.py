@@ -150,7 +150,7 @@ class BackendState:
         )
 
     def describe(self) -> dict[str, object]:
-        """The ``/switchyard/backends`` entry."""
+        """The ``/turnout/backends`` entry."""
         load = self.load
         inflight, prompt, output = self.figures()
         return {

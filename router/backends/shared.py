@@ -1,6 +1,6 @@
 """The in-flight load every worker of one router puts on each backend, shared between them.
 
-With ``router serve --workers N`` each worker process would otherwise see only its own
+With ``turnout serve --workers N`` each worker process would otherwise see only its own
 requests: a policy balancing on in-flight counts would pile on a backend the other workers
 fill, and ``max_inflight`` would cap each worker rather than the router. So the parent maps
 one small anonymous shared memory segment before it forks (the children inherit it; nothing

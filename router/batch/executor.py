@@ -231,7 +231,7 @@ class Executor:
             "Content-Type": "application/json",
             "X-Request-Class": "batch",
             "X-Request-Id": request_id(batch.id, line),
-            "X-Switchyard-Batch": batch.id,
+            "X-Turnout-Batch": batch.id,
         }
         try:
             async with self._session.post(

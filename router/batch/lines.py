@@ -24,9 +24,9 @@ from router.proxy.state import RouterState
 from router.server.errors import RouterError, error_response
 from router.server.site import AiohttpClient
 
-TOKEN_HEADER = "X-Switchyard-Line-Token"
-OWNER_HEADER = "X-Switchyard-Batch-Owner"
-_RUN_AS = "switchyard.run_as"
+TOKEN_HEADER = "X-Turnout-Line-Token"
+OWNER_HEADER = "X-Turnout-Batch-Owner"
+_RUN_AS = "turnout.run_as"
 
 
 class LineSite:

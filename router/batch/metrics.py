@@ -21,30 +21,30 @@ class BatchMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self._lines = Counter(
-            "switchyard_batch_lines_total",
+            "turnout_batch_lines_total",
             "Batch lines this router answered, by outcome (completed, failed, expired).",
             ["batch", "outcome"],
             registry=r,
         )
         self._tokens = Counter(
-            "switchyard_batch_tokens_total",
+            "turnout_batch_tokens_total",
             "Tokens of the batch lines this router answered (engine usage).",
             ["batch", "kind"],
             registry=r,
         )
         self._rate = Gauge(
-            "switchyard_batch_lines_per_second",
+            "turnout_batch_lines_per_second",
             f"Lines of the batch this router answered per second over {THROUGHPUT_WINDOW:g} s.",
             ["batch"],
             registry=r,
         )
         self.window = Gauge(
-            "switchyard_batch_concurrency_limit",
+            "turnout_batch_concurrency_limit",
             "Batch lines this router may run at once (the pacing window).",
             registry=r,
         )
         self.inflight = Gauge(
-            "switchyard_batch_inflight_lines", "Batch lines running on this router.", registry=r
+            "turnout_batch_inflight_lines", "Batch lines running on this router.", registry=r
         )
         self._recent: deque[tuple[float, str]] = deque()
 

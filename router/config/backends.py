@@ -12,7 +12,6 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from common.schema import Reader, join
 from router.config.model import (
     ROUTER_HEADERS,
     BackendSpec,
@@ -20,6 +19,7 @@ from router.config.model import (
     EmulatorSpec,
     UpstreamTls,
 )
+from turnout.common.schema import Reader, join
 
 
 def read_backends(top: Reader) -> tuple[BackendSpec, ...]:

@@ -11,13 +11,13 @@ from policies.types import Endpoint, RequestClass
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings", "responses")
 Redaction = Literal["none", "hash", "drop"]
 REDACTIONS: tuple[Redaction, ...] = ("none", "hash", "drop")
-DEFAULT_CAPTURE_HEADERS = ("x-request-class", "x-switchyard-policy", "x-request-id", "user-agent")
+DEFAULT_CAPTURE_HEADERS = ("x-request-class", "x-turnout-policy", "x-request-id", "user-agent")
 # Request headers a backend's ``forward_headers`` cannot name: hop-by-hop ones (RFC 9110
 # 7.6.1), the ones the router sets itself for the body and backend it sends, and its own.
 ROUTER_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length", "content-type",
     "content-encoding", "expect", "accept-encoding", "authorization", "x-request-id",
-    "x-switchyard-policy", "x-request-class"})  # fmt: skip
+    "x-turnout-policy", "x-request-class"})  # fmt: skip
 
 
 class ConfigError(Exception):
@@ -112,9 +112,9 @@ class ApiKeySpec:
     tokens_per_minute: int | None = None
     max_concurrency: int | None = None
     admin: bool = False
-    """May call ``/switchyard/*`` when keys are required."""
+    """May call ``/turnout/*`` when keys are required."""
     allow_overrides: bool = False
-    """Whether ``X-Request-Class`` and ``X-Switchyard-Policy`` may override the key's own
+    """Whether ``X-Request-Class`` and ``X-Turnout-Policy`` may override the key's own
     class and policy (by default the key's win: a batch key cannot claim interactive)."""
 
 
@@ -295,7 +295,7 @@ class BatchSettings:
 
     store: str = ""
     """``sqlite:///path`` or ``postgresql://...``; empty: ``batch.db`` in :attr:`data_dir`."""
-    data_dir: str = "switchyard-batch"
+    data_dir: str = "turnout-batch"
     max_concurrency: int = 64
     """Lines in flight per router process at most: the budget when no policy declares SLOs,
     else the ceiling of the window the interactive TTFT paces (router.batch.pacing)."""

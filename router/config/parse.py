@@ -1,7 +1,7 @@
 """The router's configuration: parsed once from YAML into :mod:`router.config.model`'s objects.
 
 Every problem is reported at once with its key path (``backends[1].url: ...``) and unknown
-keys are rejected, through the one reader of :mod:`common.schema`; no message shows a
+keys are rejected, through the one reader of :mod:`turnout.common.schema`; no message shows a
 configured value. Policy entries are checked for shape here and their params by the policy
 registry (:func:`router.app.build_policies`): :func:`read_config` returns a best-effort config
 beside its errors so that those checks, and the API keys', run in the same pass.
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import yaml
 
-from common.schema import Errors, Reader, unknown
 from policies.types import REQUEST_CLASSES
 from router.config.backends import read_backends
 from router.config.model import (
@@ -42,6 +41,7 @@ from router.config.model import (
     ShadowSettings,
     ShutdownSettings,
 )
+from turnout.common.schema import Errors, Reader, unknown
 
 __all__ = ["load_config", "load_document", "parse_config", "read_config"]
 

@@ -14,8 +14,8 @@ context length) and settled when it ends (see router.proxy.handler). A reload ke
 key's usage (:meth:`Gate.adopt`). Error messages never name a key.
 
 When ``require_api_key`` is off, unknown or missing keys pass, under the ``anonymous`` limits
-if configured (a known key still gets its class, policy and limits), and ``/switchyard/*``
-answers loopback clients only; when it is on, they get 401 and ``/switchyard/*`` needs a key
+if configured (a known key still gets its class, policy and limits), and ``/turnout/*``
+answers loopback clients only; when it is on, they get 401 and ``/turnout/*`` needs a key
 marked ``admin``.
 """
 
@@ -132,7 +132,7 @@ class Tenant:
         # What a capture line names the tenant by: a hash keyed by the key's digest, so it is
         # stable across restarts and replicas yet reveals neither the key, its digest nor its
         # configured name.
-        self.capture_id = hmac.new(digest, b"switchyard-tenant", hashlib.sha256).hexdigest()[:16]
+        self.capture_id = hmac.new(digest, b"turnout-tenant", hashlib.sha256).hexdigest()[:16]
         self.quota = Quota(
             spec.requests_per_minute, spec.tokens_per_minute, spec.max_concurrency, clock
         )
@@ -255,7 +255,7 @@ class Gate:
 
     def needs_admin(self, path: str) -> bool:
         """Whether ``path`` is an admin endpoint under this configuration."""
-        return path.startswith("/switchyard/") or (self._protect_metrics and path == "/metrics")
+        return path.startswith("/turnout/") or (self._protect_metrics and path == "/metrics")
 
     def check_admin(self, headers: Mapping[str, str], remote: str | None) -> None:
         """403 unless the caller holds an admin key (keys required) or is on loopback

@@ -14,11 +14,11 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from common.tokens import count_chat, count_text, message_text, response_messages
 from policies.prefix import prompt_blocks
 from policies.types import REQUEST_CLASSES, Endpoint, RequestClass, RequestInfo
 from router.config.model import ClassificationSettings, Rule
 from router.server.errors import RouterError
+from turnout.common.tokens import count_chat, count_text, message_text, response_messages
 
 # What each endpoint must carry besides "model".
 _REQUIRED: dict[Endpoint, str] = {
@@ -128,7 +128,7 @@ def _messages(doc: Mapping[str, Any], endpoint: Endpoint) -> list[Mapping[str, A
 
 
 def prompt_tokens(doc: Mapping[str, Any], endpoint: Endpoint) -> int:
-    """The prompt size under the documented counting rule (common/tokens.py)."""
+    """The prompt size under the documented counting rule (turnout/common/tokens.py)."""
     if endpoint in ("chat", "responses"):
         return count_chat(_messages(doc, endpoint))
     value = doc[_REQUIRED[endpoint]]

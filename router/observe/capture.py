@@ -2,9 +2,9 @@
 
 The request path only calls :meth:`CaptureWriter.record`, which samples and puts the finished
 request on a bounded queue without blocking; a full queue drops it and calls ``on_drop`` (the
-router counts it in ``switchyard_capture_dropped_total{reason}``). A background task drains
+router counts it in ``turnout_capture_dropped_total{reason}``). A background task drains
 the queue and hands each batch to a worker thread, which derives each request's record,
-redacts it (router.observe.redact), serialises it to a capture line (common.capture) and
+redacts it (router.observe.redact), serialises it to a capture line (turnout.common.capture) and
 pipes the batch to the sink process (router.observe.sink) that owns the file. Nothing waits
 in user-space buffers, so lines reach the file as soon as the writer has them (well within a
 second), and a large body's redaction does not hold up the event loop.
@@ -35,16 +35,16 @@ from typing import Any, Protocol
 
 import orjson
 
-from common.capture import CaptureRecord, Response, dump_line
 from router.config.model import CaptureSettings
 from router.observe.redact import prompt_size, redact, redact_error
 from router.observe.sink import open_append, write_all
+from turnout.common.capture import CaptureRecord, Response, dump_line
 
 log = logging.getLogger("router")
 # Never written, whatever the allow-list says.
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 _BATCH = 512
-# The `_switchyard` note of a line written with its body replaced.
+# The `_turnout` note of a line written with its body replaced.
 _NOT_ENCODABLE = "body not encodable"
 
 
@@ -104,8 +104,8 @@ class CaptureWriter:
                     "key for this process, so the same text hashes differently in other "
                     "workers, replicas and after a restart"
                 )
-        self._text_key = _subkey(secret, b"switchyard capture text")
-        self._sample_key = _subkey(secret, b"switchyard capture sample")
+        self._text_key = _subkey(secret, b"turnout capture text")
+        self._sample_key = _subkey(secret, b"turnout capture sample")
         self._threshold = int(min(max(settings.sample_rate, 0.0), 1.0) * 2**32)
         self._queue: asyncio.Queue[Capturable | None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -234,7 +234,7 @@ def _stand_in(
     model = rec.body.get("model")
     if isinstance(model, str):
         body["model"] = _utf8(model)
-    body["_switchyard"] = _NOT_ENCODABLE
+    body["_turnout"] = _NOT_ENCODABLE
     if resp is not None:
         if resp.prompt_tokens is None:
             resp = replace(resp, prompt_tokens=prompt_size(rec.body))

@@ -5,7 +5,7 @@ Everything here is called once per request (or per probe), never per streamed ch
 also the policies' :class:`~policies.base.PipelineObserver`: a pipeline policy binds one
 series per plugin when it is built, and per request only observes (a sample) into it.
 
-With ``router serve --workers N`` every worker records into prometheus-client's multiprocess
+With ``turnout serve --workers N`` every worker records into prometheus-client's multiprocess
 files (:func:`router.observe.sharing.share_between_workers`, set up by the parent before it
 forks), and whichever worker a scrape reaches merges all of them: counters and histograms are
 summed over every worker that ever ran (so they never go backwards), and each gauge is merged
@@ -45,7 +45,7 @@ DECISION_BUCKETS = (
 
 _REQ = ("policy", "backend", "class")
 PLUGIN_SAMPLE = 16
-"""``switchyard_policy_plugin_duration_seconds`` observes one run in this many of each
+"""``turnout_policy_plugin_duration_seconds`` observes one run in this many of each
 pipeline plugin, its first run included: an observation costs more than most plugins take,
 and a pipeline runs three or more a request, while a sample shows their cost as well."""
 
@@ -59,7 +59,7 @@ REQUEST_REASONS = (
     "upstream_error", "upstream_unreachable", "upstream_timeout", "upstream_broken",
     "shutting_down",
 )  # fmt: skip
-"""The ``reason`` of ``switchyard_requests_total``: ``ok`` (a backend's 2xx answer served
+"""The ``reason`` of ``turnout_requests_total``: ``ok`` (a backend's 2xx answer served
 whole, the only outcome the latency histograms observe), the router's own rejections, and
 what went wrong upstream. A fixed set, so the label's cardinality is bounded."""
 
@@ -146,41 +146,41 @@ class Metrics:
         self._live: list[tuple[Gauge, Callable[[], float]]] = []
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._requests = Counter(
-            "switchyard_requests_total",
+            "turnout_requests_total",
             "Requests by outcome: the status the client got and why (reason).",
             [*_REQ, "code", "reason"],
             registry=r,
         )
         self._ttft = Histogram(
-            "switchyard_time_to_first_token_seconds",
+            "turnout_time_to_first_token_seconds",
             "Request arrival to the first content chunk sent to the client (served requests).",
             _REQ,
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self._tpot = Histogram(
-            "switchyard_time_per_output_token_seconds",
+            "turnout_time_per_output_token_seconds",
             "(E2E - TTFT) / (output tokens - 1) (served requests).",
             _REQ,
             buckets=TPOT_BUCKETS,
             registry=r,
         )
         self._e2e = Histogram(
-            "switchyard_e2e_request_latency_seconds",
+            "turnout_e2e_request_latency_seconds",
             "Request arrival to the response's last byte (served requests).",
             _REQ,
             buckets=E2E_BUCKETS,
             registry=r,
         )
         self._prompt = Counter(
-            "switchyard_prompt_tokens_total", "Prompt tokens (engine usage).", _REQ, registry=r
+            "turnout_prompt_tokens_total", "Prompt tokens (engine usage).", _REQ, registry=r
         )
         self._output = Counter(
-            "switchyard_output_tokens_total", "Output tokens (engine usage).", _REQ, registry=r
+            "turnout_output_tokens_total", "Output tokens (engine usage).", _REQ, registry=r
         )
         # Every worker reads the router-wide figure (router.backends.shared): the freshest wins.
         self._inflight = Gauge(
-            "switchyard_inflight_requests",
+            "turnout_inflight_requests",
             "Requests open on a backend.",
             ["backend"],
             registry=r,
@@ -188,27 +188,27 @@ class Metrics:
         )
         # Workers probe on their own: down if any worker sees it down.
         self._up = Gauge(
-            "switchyard_backend_up",
+            "turnout_backend_up",
             "1 if the backend is healthy.",
             ["backend"],
             registry=r,
             multiprocess_mode="livemin",
         )
         self._failovers = Counter(
-            "switchyard_failovers_total",
+            "turnout_failovers_total",
             "Attempts that failed before the first byte (backend: the one that failed).",
             ["policy", "backend"],
             registry=r,
         )
         self._decision = Histogram(
-            "switchyard_policy_decision_seconds",
+            "turnout_policy_decision_seconds",
             "Time a policy took to rank the candidates.",
             ["policy"],
             buckets=DECISION_BUCKETS,
             registry=r,
         )
         self._plugin = Histogram(
-            "switchyard_policy_plugin_duration_seconds",
+            "turnout_policy_plugin_duration_seconds",
             "Time one filter, scorer or picker of a pipeline policy took for one request, "
             f"sampled: the first run of each and one in {PLUGIN_SAMPLE} after it.",
             ["policy", "plugin", "kind"],
@@ -216,37 +216,37 @@ class Metrics:
             registry=r,
         )
         self._filter_rejections = Counter(
-            "switchyard_policy_filter_rejections_total",
+            "turnout_policy_filter_rejections_total",
             "Requests for which this filter removed every remaining candidate (answered 503).",
             ["policy", "filter"],
             registry=r,
         )
         self._aborts = Counter(
-            "switchyard_stream_aborts_total",
+            "turnout_stream_aborts_total",
             "Streams the upstream broke after bytes had reached the client.",
             _REQ,
             registry=r,
         )
         self._protocol_errors = Counter(
-            "switchyard_upstream_protocol_errors_total",
+            "turnout_upstream_protocol_errors_total",
             "What backends got wrong in their answers (ignored, or the request failed), by kind.",
             ["backend", "kind"],
             registry=r,
         )
         self._slo_met = Counter(
-            "switchyard_slo_attained_total",
+            "turnout_slo_attained_total",
             "Requests that met their class's TTFT and TPOT targets.",
             ["policy", "class"],
             registry=r,
         )
         self._slo_missed = Counter(
-            "switchyard_slo_missed_total",
+            "turnout_slo_missed_total",
             "Requests that failed or missed their class's TTFT or TPOT target.",
             ["policy", "class"],
             registry=r,
         )
         self._prediction_error = Gauge(
-            "switchyard_policy_ttft_prediction_error_ratio",
+            "turnout_policy_ttft_prediction_error_ratio",
             "Mean absolute percentage error (a ratio) of the TTFT a policy predicted for a "
             "backend against the TTFT observed, over its recent streamed requests.",
             ["policy", "backend"],
@@ -254,54 +254,54 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._queued = Gauge(
-            "switchyard_admission_queue_length",
+            "turnout_admission_queue_length",
             "Requests waiting for a backend slot (every eligible backend saturated).",
             ["class"],
             registry=r,
             multiprocess_mode="livesum",  # each worker has its own queues
         )
         self._shadow_requests = Counter(
-            "switchyard_shadow_requests_total",
+            "turnout_shadow_requests_total",
             "Mirrored requests by answer (code 0: none); policy: the served policy mirrored.",
             [*_REQ, "code"],
             registry=r,
         )
         self._shadow_ttft = Histogram(
-            "switchyard_shadow_time_to_first_token_seconds",
+            "turnout_shadow_time_to_first_token_seconds",
             "Mirrored requests: sent to the first content chunk.",
             _REQ,
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self._shadow_e2e = Histogram(
-            "switchyard_shadow_e2e_request_latency_seconds",
+            "turnout_shadow_e2e_request_latency_seconds",
             "Mirrored requests: sent to the answer's last byte.",
             _REQ,
             buckets=E2E_BUCKETS,
             registry=r,
         )
         self._shadow_dropped = Counter(
-            "switchyard_shadow_dropped_total",
+            "turnout_shadow_dropped_total",
             "Requests sampled for mirroring but dropped (shadow concurrency bound reached).",
             ["policy"],
             registry=r,
         )
         self._panic = Counter(
-            "switchyard_panic_routing_total",
+            "turnout_panic_routing_total",
             "Routing decisions made in panic mode: every backend serving the model was out, "
             "so all of them were offered (model: other for a name no backend lists).",
             ["model"],
             registry=r,
         )
         self._dropped = Counter(
-            "switchyard_capture_dropped_total",
+            "turnout_capture_dropped_total",
             "Sampled requests not captured, by reason (queue_full, not_running, sink_gone, "
             "unencodable, error).",
             ["reason"],
             registry=r,
         )
         self._degraded = Counter(
-            "switchyard_capture_degraded_total",
+            "turnout_capture_degraded_total",
             "Requests captured with their body replaced, by reason (unencodable).",
             ["reason"],
             registry=r,
@@ -405,8 +405,8 @@ class Metrics:
         self._aborts.labels(policy, backend, request_class).inc()
 
     def protocol_errors(self, backend: str, kind: str, count: int = 1) -> None:
-        """Count what ``backend`` got wrong in one answer (kinds: common.outcome.PROTOCOL_ERRORS,
-        ``body_too_large``, ``bad_error_body``)."""
+        """Count what ``backend`` got wrong in one answer (kinds:
+        turnout.common.outcome.PROTOCOL_ERRORS, ``body_too_large``, ``bad_error_body``)."""
         self._protocol_errors.labels(backend, kind).inc(count)
 
     def watch_queue(self, request_class: str, waiting: Callable[[], float]) -> None:

@@ -1,7 +1,7 @@
 """OpenTelemetry tracing (the optional ``otel`` extra); imported only when tracing is on.
 
 Each request is a SERVER span that continues the client's W3C ``traceparent``, with child
-spans for classification (``switchyard.classify``), the policy's pick (``switchyard.pick``,
+spans for classification (``turnout.classify``), the policy's pick (``turnout.pick``,
 admission's wait included) and each upstream attempt, a CLIENT span named and attributed after
 OpenTelemetry's GenAI semantic conventions (``{gen_ai.operation.name} {gen_ai.request.model}``,
 ``gen_ai.*``, ``server.address``/``server.port``). Each attempt's own context goes upstream
@@ -44,7 +44,7 @@ class OtelTracing:
 
     def __init__(self, provider: TracerProvider) -> None:
         self._provider = provider
-        self._tracer = provider.get_tracer("switchyard")
+        self._tracer = provider.get_tracer("turnout")
 
     @classmethod
     def from_env(cls, service: str) -> OtelTracing:
@@ -110,7 +110,7 @@ class OtelTrace:
             attributes={
                 "http.request.method": method,
                 "url.path": path,
-                "switchyard.request_id": request_id,
+                "turnout.request_id": request_id,
             },
         )
         self._ctx = trace.set_span_in_context(self._root)
@@ -134,13 +134,13 @@ class OtelTrace:
         self._root.update_name(f"{self._op} {self._model}")
         self._root.set_attributes(gen_ai)
         span = self._tracer.start_span(
-            "switchyard.classify",
+            "turnout.classify",
             context=self._ctx,
             start_time=self._ns(start),
             attributes={
-                "switchyard.class": info.request_class,
-                "switchyard.stream": info.stream,
-                "switchyard.prompt_tokens_estimate": info.prompt_tokens,
+                "turnout.class": info.request_class,
+                "turnout.stream": info.stream,
+                "turnout.prompt_tokens_estimate": info.prompt_tokens,
                 **gen_ai,
             },
         )
@@ -148,10 +148,10 @@ class OtelTrace:
 
     def picked(self, policy: str, ranked: Sequence[str], start: float, end: float) -> None:
         span = self._tracer.start_span(
-            "switchyard.pick",
+            "turnout.pick",
             context=self._ctx,
             start_time=self._ns(start),
-            attributes={"switchyard.policy": policy, "switchyard.ranked": list(ranked)},
+            attributes={"turnout.policy": policy, "turnout.ranked": list(ranked)},
         )
         span.end(self._ns(end))
 
@@ -168,8 +168,8 @@ class OtelTrace:
                 "gen_ai.request.model": self._model,
                 "server.address": parts.hostname or "",
                 "server.port": port,
-                "switchyard.backend": backend,
-                "switchyard.attempt": self._attempts,
+                "turnout.backend": backend,
+                "turnout.attempt": self._attempts,
             },
         )
         for key in [k for k in headers if k.lower() in _TRACE_HEADERS]:
@@ -207,19 +207,19 @@ class OtelTrace:
         root.set_attributes(
             {
                 "http.response.status_code": ending.status,
-                "switchyard.reason": ending.reason,
-                "switchyard.policy": ending.policy,
-                "switchyard.class": ending.request_class,
-                "switchyard.attempts": ending.attempts,
+                "turnout.reason": ending.reason,
+                "turnout.policy": ending.policy,
+                "turnout.class": ending.request_class,
+                "turnout.attempts": ending.attempts,
                 **usage,
             }
         )
         if ending.backend is not None:
-            root.set_attribute("switchyard.backend", ending.backend)
+            root.set_attribute("turnout.backend", ending.backend)
         if ending.tenant is not None:
-            root.set_attribute("switchyard.tenant", ending.tenant)
+            root.set_attribute("turnout.tenant", ending.tenant)
         if ending.ttft is not None:
-            root.set_attribute("switchyard.time_to_first_token", ending.ttft)
+            root.set_attribute("turnout.time_to_first_token", ending.ttft)
         if ending.failed:
             root.set_attribute("error.type", ending.reason)
             root.set_status(Status(StatusCode.ERROR, ending.reason))

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from common.tokens import count_chat, count_text, response_messages
 from router.config.model import Redaction
+from turnout.common.tokens import count_chat, count_text, response_messages
 
 # Removed whole under `drop` (the replayer synthesizes a prompt of the recorded size instead).
 _PROMPT_KEYS = frozenset({"messages", "prompt", "input", "instructions", "suffix", "system"})
@@ -47,7 +47,7 @@ def hash_text(text: str, key: bytes) -> str:
     Every character but whitespace is replaced: a word character by a word character, any
     other by an ASCII symbol, each drawn from a stream keyed by ``key`` and the whole text.
     What stays is the length, the whitespace and where word runs and symbols fall, so that
-    the token count of :mod:`common.tokens` is unchanged; what goes is every character
+    the token count of :mod:`turnout.common.tokens` is unchanged; what goes is every character
     itself, including which symbol (an SSN's dashes become arbitrary symbols). Identical
     texts under one key stay identical (shared system prompts still share a prefix); without
     the key a guess at the text cannot be checked against its filler.
@@ -255,7 +255,7 @@ class _Redactor:
 
 
 def prompt_size(body: Mapping[str, Any]) -> int | None:
-    """The prompt's token count under :mod:`common.tokens` (chat, text, or a Responses API
+    """The prompt's token count under :mod:`turnout.common.tokens` (chat, text, or a Responses API
     request that shows itself as one: ``instructions`` or a list of items), if it has one."""
     messages = body.get("messages")
     if isinstance(messages, list):

@@ -1,4 +1,4 @@
-"""Metrics shared between ``router serve --workers N`` processes: prometheus-client's
+"""Metrics shared between ``turnout serve --workers N`` processes: prometheus-client's
 multiprocess files, set up by the parent before it forks and cleaned of a worker that died.
 The metrics themselves are router.observe.metrics'."""
 

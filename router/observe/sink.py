@@ -17,7 +17,7 @@ import sys
 class Sink:
     """The file side, in its own process: whole lines in, whole lines out, with rotation.
 
-    Several sinks may share one file (``router serve --workers N`` runs one writer per
+    Several sinks may share one file (``turnout serve --workers N`` runs one writer per
     worker): each write holds an exclusive ``flock`` on the current file, sizes come from the
     file itself, and a sink whose file was rotated away by a sibling follows the path to the
     new file before writing.

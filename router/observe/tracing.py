@@ -3,7 +3,7 @@
 The request path calls a :class:`RequestTrace` at each step (classified, picked, each upstream
 attempt, finished). Without tracing that is :data:`NO_TRACE`, whose methods do nothing, and
 OpenTelemetry is never imported. Tracing starts when the optional extra is installed
-(``pip install switchyard[otel]``) and OpenTelemetry's own environment asks for an exporter
+(``pip install turnout[otel]``) and OpenTelemetry's own environment asks for an exporter
 (``OTEL_TRACES_EXPORTER``, or an ``OTEL_EXPORTER_OTLP_*ENDPOINT``); ``OTEL_SDK_DISABLED=true``
 turns it off. The OpenTelemetry side lives in router.observe.otel.
 
@@ -131,7 +131,7 @@ class NoTracing:
         pass
 
 
-def tracing_from_env(service: str = "switchyard") -> Tracing:
+def tracing_from_env(service: str = "turnout") -> Tracing:
     """OpenTelemetry tracing if the environment asks for an exporter and the extra is
     installed; else :class:`NoTracing` (and nothing of OpenTelemetry is imported)."""
     env = os.environ
@@ -146,7 +146,7 @@ def tracing_from_env(service: str = "switchyard") -> Tracing:
     except ImportError as exc:
         log.warning(
             "tracing is off: OpenTelemetry's exporter is configured but the extra is not "
-            "installed (pip install 'switchyard[otel]'): %s",
+            "installed (pip install 'turnout[otel]'): %s",
             exc,
         )
         return NoTracing()

@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.capture import CaptureRecord, Observed, Response, Route, iso_utc
-from common.sse import StreamFigures, StreamMeter
 from policies.base import Policy
 from policies.types import Outcome, RequestInfo
 from router.control.admission import QueueRejected, Saturated
@@ -28,6 +26,8 @@ from router.proxy.relay import CLIENT_CLOSED
 from router.proxy.state import RouterState
 from router.proxy.upstream import UpstreamFault, answer_reason
 from router.server.errors import RouterError
+from turnout.common.capture import CaptureRecord, Observed, Response, Route, iso_utc
+from turnout.common.sse import StreamFigures, StreamMeter
 
 log = logging.getLogger("router")
 
@@ -89,7 +89,7 @@ class Exchange:
     error: Mapping[str, object] | None = None
     protocol_error: str | None = None
     """What the router found wrong with the backend's answer itself, as a kind of
-    ``switchyard_upstream_protocol_errors_total`` (the meter counts what it finds)."""
+    ``turnout_upstream_protocol_errors_total`` (the meter counts what it finds)."""
     reason: str | None = None
     trace: RequestTrace = NO_TRACE
     """Why the request was not served, when the handler knows (else :meth:`outcome` works it
@@ -113,7 +113,7 @@ class Exchange:
         self.reason = rejection_reason(exc)
 
     def outcome(self) -> str:
-        """The request's reason for ``switchyard_requests_total``: ``ok`` only for a backend's
+        """The request's reason for ``turnout_requests_total``: ``ok`` only for a backend's
         2xx answer served whole."""
         if self.reason is not None:
             return self.reason

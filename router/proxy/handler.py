@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-from common.sse import StreamMeter
 from policies.base import Policy
 from policies.types import Endpoint
 from router.control.admission import Saturated
@@ -35,6 +34,7 @@ from router.proxy.upstream import (
 from router.server.answer import Answer, Client
 from router.server.errors import RouterError, error_answer
 from router.server.ids import request_id
+from turnout.common.sse import StreamMeter
 
 PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",
@@ -64,7 +64,7 @@ async def handle(
     default = state.policies[state.config.default_policy]
     ex = Exchange(rid, request.path, headers, now, time.time(), default)
     ex.trace = trace = state.tracing.begin(headers, request.method, request.path, rid, now)
-    extra = {"X-Request-Id": rid, "X-Switchyard-Policy": default.name}
+    extra = {"X-Request-Id": rid, "X-Turnout-Policy": default.name}
     opened: Opened | None = None
     lease: Lease | None = None
     ticket: Ticket | None = None
@@ -73,7 +73,7 @@ async def handle(
         tenant = run_as.tenant if run_as is not None else state.gate.identify(headers)
         ex.tenant = tenant.capture_id if tenant is not None else None
         ex.policy = policy = _policy(request, state, tenant)
-        extra["X-Switchyard-Policy"] = policy.name
+        extra["X-Turnout-Policy"] = policy.name
         ex.body = await request.body(state.config.listen.max_body_bytes, state.config.limits)
         understand = partial(
             classify,
@@ -92,7 +92,7 @@ async def handle(
         ex.doc = parsed.doc
         ex.info = info = parsed.info
         trace.classified(info, t, time.monotonic())
-        extra["X-Switchyard-Class"] = info.request_class
+        extra["X-Turnout-Class"] = info.request_class
         context = state.pool.context_tokens(info.model)
         lease = state.gate.admit(tenant, info, context)
         add_usage = _router_asks_usage(parsed)
@@ -116,10 +116,10 @@ async def handle(
             trace=trace,
         )
         ticket.conn = opened.conn  # from here the drain cuts by aborting the upstream
-        ex.backend = extra["X-Switchyard-Backend"] = opened.target.backend.name
+        ex.backend = extra["X-Turnout-Backend"] = opened.target.backend.name
         ex.failovers = opened.failovers
         # TPOT comes from the usage figures, so the meter stops looking for content after the
-        # first token (see common/sse.py).
+        # first token (see turnout/common/sse.py).
         limits = state.config.limits
         ex.meter = StreamMeter(
             now,
@@ -155,7 +155,7 @@ async def handle(
         return error_answer(exc, extra)
     except UpstreamFailed as exc:
         ex.failovers = exc.failovers
-        ex.backend = extra["X-Switchyard-Backend"] = exc.last.backend
+        ex.backend = extra["X-Turnout-Backend"] = exc.last.backend
         return _failed(exc, extra, ex)
     except asyncio.CancelledError:  # handler_cancellation: the client went away
         if ticket is not None and ticket.cut:  # ...or the drain's deadline, before any answer
@@ -199,14 +199,14 @@ def _header(request: Client, name: str, tenant: Tenant | None, setting: str) -> 
 
 def _policy(request: Client, state: RouterState, tenant: Tenant | None) -> Policy:
     """The header's policy (if honoured), else the API key's, else the default."""
-    name = _header(request, "X-Switchyard-Policy", tenant, "policy")
+    name = _header(request, "X-Turnout-Policy", tenant, "policy")
     if name is None or not state.config.honor_policy_header:
         own = tenant.spec.policy if tenant is not None else None
         return state.policies[own or state.config.default_policy]
     policy = state.policies.get(name.strip())
     if policy is None:
         known = ", ".join(state.policies)
-        raise RouterError(400, f"unknown policy '{name}' (known: {known})", "X-Switchyard-Policy")
+        raise RouterError(400, f"unknown policy '{name}' (known: {known})", "X-Turnout-Policy")
     return policy
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDict
 
-from common.sse import StreamMeter
 from router.proxy.body import OFFLOAD_BYTES
 from router.proxy.connection import BodyTooLarge, Connection, UpstreamError
 from router.proxy.drain import CODE, ShuttingDown, shutting_down
@@ -35,6 +34,7 @@ from router.proxy.upstream import (
 )
 from router.server.answer import Answer, Client
 from router.server.errors import error_answer, sse_error_event
+from turnout.common.sse import StreamMeter
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics only
 

@@ -4,7 +4,7 @@ The copy is sent from a background task after the live request was planned, so t
 never waits for it and never sees it. The shadow's answer is read to the end through a
 :class:`StreamMeter` (to measure TTFT, E2E and tokens) and then discarded. Each served policy
 has a bound on open shadow requests; a request sampled while that bound is reached is dropped
-and counted. Shadow figures go to their own ``switchyard_shadow_*`` metric families, so they
+and counted. Shadow figures go to their own ``turnout_shadow_*`` metric families, so they
 never mix with served traffic; a shadow *policy* also learns from them through ``on_finish``.
 Shadow requests do not count in the shadow backend's in-flight figures (they must not steer
 live routing).
@@ -22,7 +22,6 @@ from dataclasses import replace
 
 import aiohttp
 
-from common.sse import StreamMeter
 from policies.base import Policy
 from policies.types import Endpoint, Outcome, RequestInfo
 from router.backends.pool import BackendState, Pool
@@ -30,6 +29,7 @@ from router.config.model import LimitSettings, ShadowSettings
 from router.control.classify import Parsed
 from router.observe.metrics import Metrics
 from router.proxy.body import asks_usage, upstream_body
+from turnout.common.sse import StreamMeter
 
 log = logging.getLogger("router")
 

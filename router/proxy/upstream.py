@@ -140,9 +140,9 @@ class UpstreamFault(RouterError):
     """What the client gets instead of a backend's answer that must not reach it as sent
     (none of that answer has reached it yet).
 
-    ``kind`` names the protocol error it was, for ``switchyard_upstream_protocol_errors_total``;
+    ``kind`` names the protocol error it was, for ``turnout_upstream_protocol_errors_total``;
     ``failed`` says whether it counts as the backend's failure; ``reason`` is the request's
-    outcome for ``switchyard_requests_total`` (an error answer, or one that broke off).
+    outcome for ``turnout_requests_total`` (an error answer, or one that broke off).
     """
 
     def __init__(

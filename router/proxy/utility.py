@@ -4,7 +4,7 @@ These generate nothing, so they skip the request path's classification, policy, 
 queue and bookkeeping: a policy must not learn from them, a tokenizer call must not sit among
 the latency figures, and a capture must not hold them (replay would send them again). What
 they keep: the caller's API key is checked, the body is size-bounded and must be a JSON object
-whose ``model`` (optional, as on vLLM) is one the router serves, the backend's answer is
+whose ``model`` (optional, as on vLLM) is one the turnout serves, the backend's answer is
 bounded and checked like any other (router.proxy.relay), and failover moves down the
 least-loaded healthy backends serving the model.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from common.sse import StreamMeter
 from policies.types import Endpoint, RequestInfo
 from router.backends.pool import BackendState
 from router.control.classify import parse_object
@@ -25,6 +24,7 @@ from router.proxy.upstream import Target, UpstreamFailed, UpstreamFault, open_up
 from router.server.answer import Answer, Client
 from router.server.errors import RouterError, error_answer
 from router.server.ids import request_id
+from turnout.common.sse import StreamMeter
 
 UTILITY_PATHS: dict[Endpoint, str] = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
 
@@ -57,7 +57,7 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
         return error_answer(exc, extra)
     except UpstreamFailed as exc:
         return failed_answer(exc.last, extra)[0]
-    extra["X-Switchyard-Backend"] = opened.target.backend.name
+    extra["X-Turnout-Backend"] = opened.target.backend.name
     try:
         relayed = await relay(
             request,

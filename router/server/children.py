@@ -1,6 +1,6 @@
 """Emulator child processes for backends configured with ``emulator:`` instead of ``url``.
 
-Each starts as ``python -m emulator --port 0 ...`` on loopback; the URL it announces becomes
+Each starts as ``python -m turnout emulator --port 0 ...`` on loopback; the URL it announces becomes
 the backend's URL. They live exactly as long as the router: stopped on shutdown, and (Linux)
 sent SIGTERM by the kernel should the router die without cleaning up.
 """
@@ -34,6 +34,7 @@ def emulator_argv(spec: EmulatorSpec, host: str) -> list[str]:
     argv = [
         sys.executable,
         "-m",
+        "turnout",
         "emulator",
         "--profile",
         spec.profile,

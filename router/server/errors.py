@@ -29,7 +29,7 @@ _TYPES = {
 }
 
 
-SERVER = "switchyard"
+SERVER = "turnout"
 """The router's ``Server`` header: no versions (aiohttp's default names its and Python's)."""
 
 

@@ -12,7 +12,7 @@ be configured from outside:
   TCP window closes: a slow client throttles its engine instead of growing router memory.
 - :class:`GuardedSite` caps open connections (the next one gets a 503 and is closed).
 - :func:`single_headers` refuses a request that repeats a header the router acts on (two
-  ``Authorization`` or ``X-Switchyard-Policy`` values would otherwise be read as the first
+  ``Authorization`` or ``X-Turnout-Policy`` values would otherwise be read as the first
   by the router and maybe as the last by something else).
 
 Idle connections, including ones that send part of a request and stop (slowloris), are
@@ -52,7 +52,7 @@ _JSON = frozenset({"application/json", "application/octet-stream", ""})
 _DECODED = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 # Headers the router reads or rewrites: each may appear at most once.
 SINGLE = ("authorization", "content-type", "host", "x-request-class", "x-request-id",
-          "x-session-id", "x-switchyard-policy")  # fmt: skip
+          "x-session-id", "x-turnout-policy")  # fmt: skip
 
 
 @web.middleware
@@ -241,7 +241,7 @@ class GuardedHandler(RequestHandler):
 
 
 _FULL = (
-    b"HTTP/1.1 503 Service Unavailable\r\nServer: switchyard\r\n"
+    b"HTTP/1.1 503 Service Unavailable\r\nServer: turnout\r\n"
     b"Content-Type: application/json\r\nConnection: close\r\nRetry-After: 1\r\n"
     b"Content-Length: %d\r\n\r\n%s"
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from common.sse import StreamMeter
+from turnout.common.sse import StreamMeter
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 

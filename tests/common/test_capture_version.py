@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from common.capture import SCHEMA_VERSION, CaptureFormatError, CaptureRecord, dump_line, parse_line
+from turnout.common.capture import (
+    SCHEMA_VERSION,
+    CaptureFormatError,
+    CaptureRecord,
+    dump_line,
+    parse_line,
+)
 
 
 def test_a_line_of_this_version_reads_back() -> None:

@@ -8,8 +8,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.sse import StreamMeter
 from tests.common.sse_spec import Recorder, spec_events
+from turnout.common.sse import StreamMeter
 
 _ITEM = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
 

@@ -5,7 +5,13 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, count_chat, count_text, text_tokens
+from turnout.common.tokens import (
+    MESSAGE_OVERHEAD,
+    REPLY_OVERHEAD,
+    count_chat,
+    count_text,
+    text_tokens,
+)
 
 
 def test_text_rule() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_NAME = re.compile(r"\b(switchyard_[A-Za-z0-9_]+)\b")
-_SELECTOR = re.compile(r"\b(switchyard_[A-Za-z0-9_]+)\s*\{([^}]*)\}")
+_NAME = re.compile(r"\b(turnout_[A-Za-z0-9_]+)\b")
+_SELECTOR = re.compile(r"\b(turnout_[A-Za-z0-9_]+)\s*\{([^}]*)\}")
 _MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*\"([^\"]*)\"")
 _GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 

@@ -93,7 +93,7 @@ def test_runs_as_a_non_root_user() -> None:
 def test_default_command_is_router_serve_on_the_exposed_port() -> None:
     argv = FINAL.all("CMD")[-1].exec_form()
     assert argv[0] in PYPROJECT["project"]["scripts"], f"{argv[0]} is not a console script"
-    assert argv[:2] == ["router", "serve"]
+    assert argv[:2] == ["turnout", "serve"]
     config = argv[argv.index("--config") + 1]
     destinations = {dest for _, dest in context_copies(FINAL)}
     assert config in destinations, "the default config is baked into the image"

@@ -33,10 +33,10 @@ SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["
 ROUTER_EXIT = 1.0  # the router exits within drain_seconds + this (test_hardening_lifecycle)
 GRACE_MARGIN = 2.0  # what terminationGracePeriodSeconds must keep beyond that and preStop
 
-DEPLOYMENT = one(MANIFESTS, "Deployment", "switchyard")
+DEPLOYMENT = one(MANIFESTS, "Deployment", "turnout")
 POD: dict[str, Any] = DEPLOYMENT.doc["spec"]["template"]
 ROUTER = POD["spec"]["containers"][0]
-SERVICE = one(MANIFESTS, "Service", "switchyard")
+SERVICE = one(MANIFESTS, "Service", "turnout")
 CONFIGMAP = one(MANIFESTS, "ConfigMap")
 
 
@@ -62,7 +62,7 @@ def router_port(tmp_path: Path) -> int:
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "router", "check-config", str(path)]
+    argv = [sys.executable, "-m", "turnout", "check-config", str(path)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
@@ -73,7 +73,7 @@ def test_every_manifest_has_the_basic_fields(m: Manifest) -> None:
         return
     assert m.name
     labels = m.doc["metadata"].get("labels", {})
-    assert labels.get("app.kubernetes.io/name") == "switchyard"
+    assert labels.get("app.kubernetes.io/name") == "turnout"
 
 
 def test_kustomization_lists_existing_files_and_the_router_objects() -> None:
@@ -246,7 +246,7 @@ class TestReplayJob:
         capture = ROOT / "config" / "demo-capture.jsonl"
 
         def planned(argv: list[str]) -> int:
-            cmd = [sys.executable, "-m", "replay", *argv, "--dry-run"]
+            cmd = [sys.executable, "-m", "turnout", "replay", *argv, "--dry-run"]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
             assert res.returncode == 0, res.stderr
             line = next(ln for ln in res.stdout.splitlines() if ln.startswith("requests"))
@@ -287,7 +287,7 @@ class TestReplayJob:
                     for name in ("--results", "--out"):
                         i = argv.index(name) + 1
                         argv[i] = str(out / Path(argv[i]).name)
-                    cmd = [sys.executable, "-m", "replay", *argv]
+                    cmd = [sys.executable, "-m", "turnout", "replay", *argv]
                     procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
                 try:
                     assert [p.wait(timeout=120) for p in procs] == [0] * len(procs)
@@ -299,7 +299,16 @@ class TestReplayJob:
         shards = sorted(out.glob("results-*.jsonl"))
         assert len(shards) == self.SPEC["completions"]
         merged = tmp_path / "report.json"
-        cmd = [sys.executable, "-m", "replay", "merge", *map(str, shards), "--out", str(merged)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "turnout",
+            "replay",
+            "merge",
+            *map(str, shards),
+            "--out",
+            str(merged),
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         (run,) = json.loads(merged.read_text(encoding="utf-8"))["runs"]

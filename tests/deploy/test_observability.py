@@ -23,19 +23,19 @@ from tests.deploy.promql import read_query
 from tests.procs import ROOT, start_emulator
 from tests.router.harness import base_config, client_for, get, start_router, write_config
 
-DASHBOARD = json.loads((ROOT / "deploy/grafana/switchyard.json").read_text(encoding="utf-8"))
+DASHBOARD = json.loads((ROOT / "deploy/grafana/turnout.json").read_text(encoding="utf-8"))
 RULES = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yaml").read_text(encoding="utf-8"))
 MODEL = "deepseek-v4.1-flash"
 SEVERITIES = {"critical", "warning", "info"}
 # What the issue asks the dashboard to show, as the series that carry it.
 REQUIRED_ON_DASHBOARD = {
-    "switchyard_time_to_first_token_seconds_bucket",
-    "switchyard_time_per_output_token_seconds_bucket",
-    "switchyard_e2e_request_latency_seconds_bucket",
-    "switchyard_requests_total",
-    "switchyard_failovers_total",
-    "switchyard_backend_up",
-    "switchyard_slo_attained_total",
+    "turnout_time_to_first_token_seconds_bucket",
+    "turnout_time_per_output_token_seconds_bucket",
+    "turnout_e2e_request_latency_seconds_bucket",
+    "turnout_requests_total",
+    "turnout_failovers_total",
+    "turnout_backend_up",
+    "turnout_slo_attained_total",
 }
 
 
@@ -105,8 +105,8 @@ def exposed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
                     max_tokens=4, service_tier="flex",
                 )  # fmt: skip
                 assert out.choices[0].message.content
-            # A stream the engine breaks after its first bytes: switchyard_stream_aborts_total.
-            pinned = client_for(router.url, **{"X-Switchyard-Policy": "cut-only"})
+            # A stream the engine breaks after its first bytes: turnout_stream_aborts_total.
+            pinned = client_for(router.url, **{"X-Turnout-Policy": "cut-only"})
             with pytest.raises(openai.APIError):
                 for _ in pinned.chat.completions.create(
                     model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=16,
@@ -125,11 +125,11 @@ def test_the_router_served_both_classes_and_failed_over(
     exposed: dict[str, list[dict[str, str]]],
 ) -> None:
     """Guards the fixture: the series below only exist after such traffic."""
-    classes = {s["class"] for s in exposed["switchyard_requests_total"]}
+    classes = {s["class"] for s in exposed["turnout_requests_total"]}
     assert {"interactive", "batch"} <= classes
-    assert {s["backend"] for s in exposed["switchyard_failovers_total"]} == {"broken"}
-    assert {s["backend"] for s in exposed["switchyard_stream_aborts_total"]} == {"cut"}
-    assert exposed["switchyard_slo_attained_total"] and exposed["switchyard_slo_missed_total"]
+    assert {s["backend"] for s in exposed["turnout_failovers_total"]} == {"broken"}
+    assert {s["backend"] for s in exposed["turnout_stream_aborts_total"]} == {"cut"}
+    assert exposed["turnout_slo_attained_total"] and exposed["turnout_slo_missed_total"]
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,7 @@ def test_every_queried_series_and_label_exists(
     assert exprs
     for expr in exprs:
         q = read_query(expr)
-        assert q.names, f"{source}: no switchyard metric in {expr!r}"
+        assert q.names, f"{source}: no turnout metric in {expr!r}"
         for name in q.names:
             assert name in exposed, f"{source}: {name} is not in the router's /metrics"
         for name, label, _ in q.matchers:

@@ -13,7 +13,7 @@ from router.proxy.exchange import _REJECTED
 from tests.procs import ROOT
 
 DOC = (ROOT / "docs/router.md").read_text(encoding="utf-8")
-DASHBOARD = json.loads((ROOT / "deploy/grafana/switchyard.json").read_text(encoding="utf-8"))
+DASHBOARD = json.loads((ROOT / "deploy/grafana/turnout.json").read_text(encoding="utf-8"))
 RULES = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yaml").read_text(encoding="utf-8"))
 _REASON_MATCHER = re.compile(r'reason=~"([^"]+)"')
 

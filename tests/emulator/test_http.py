@@ -12,11 +12,11 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from common.tokens import count_chat, count_text
 from emulator.profiles import load_profile
 from router.backends.engines import parse_load
 from tests.emulator.conftest import client_for
 from tests.procs import Emulator, start_emulator
+from turnout.common.tokens import count_chat, count_text
 
 MODEL = "deepseek-v4.1-flash"
 MESSAGES: list[ChatCompletionMessageParam] = [

@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from common.tokens import count_chat
 from emulator.kvcache import BlockPool, block_hashes
 from emulator.model import Engine, Sequence, State
 from emulator.profiles import Profile
 from emulator.prompt import chat_ids, output_ids
 from emulator.text import output_pieces
 from tests.emulator.test_model import MIXED, OVERLAP, drain
+from turnout.common.tokens import count_chat
 
 
 def tokens(n: int, start: int = 10_000) -> tuple[int, ...]:

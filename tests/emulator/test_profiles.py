@@ -49,7 +49,7 @@ def test_overrides_apply_and_are_validated() -> None:
 
 def test_cli_rejects_a_bad_profile_with_exit_2() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "emulator", "--profile", "no-such-engine", "--port", "0"],
+        [sys.executable, "-m", "turnout", "emulator", "--profile", "no-such-engine", "--port", "0"],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert run.returncode == 2 and "known: " in run.stderr
@@ -67,7 +67,7 @@ def test_cli_reports_a_taken_port_with_exit_1() -> None:
     with start_emulator("vllm", time_scale=100) as emu:
         port = emu.url.rsplit(":", 1)[1]
         run = subprocess.run(
-            [sys.executable, "-m", "emulator", "--profile", "vllm", "--port", port],
+            [sys.executable, "-m", "turnout", "emulator", "--profile", "vllm", "--port", port],
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
     assert run.returncode == 1 and "cannot listen" in run.stderr

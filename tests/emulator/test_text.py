@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.tokens import count_text
 from emulator.text import embedding, output_pieces, request_rng
+from turnout.common.tokens import count_text
 
 
 @given(seed=st.integers(0, 2**32), n=st.integers(0, 400), cut=st.integers(0, 400))

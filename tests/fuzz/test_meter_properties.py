@@ -13,9 +13,9 @@ import orjson
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from common.outcome import MAX_USAGE_TOKENS, PROTOCOL_ERRORS
-from common.sse import MAX_EVENT_SIZE, StreamMeter
 from tests.common.sse_spec import Recorder, spec_events
+from turnout.common.outcome import MAX_USAGE_TOKENS, PROTOCOL_ERRORS
+from turnout.common.sse import MAX_EVENT_SIZE, StreamMeter
 
 
 def _ev(doc: object) -> bytes:

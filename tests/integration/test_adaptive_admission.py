@@ -39,10 +39,10 @@ def test_saturated_batch_waits_then_full_queue_gets_429(tmp_path: Path) -> None:
                 stream=True,
                 extra_body={"ignore_eos": True},  # holds the slot until closed below
             ) as first:
-                assert first.headers["x-switchyard-backend"] == "a"
+                assert first.headers["x-turnout-backend"] == "a"
                 thread = threading.Thread(target=queued)
                 thread.start()
-                queue = r'switchyard_admission_queue_length\{class="batch"\}'
+                queue = r'turnout_admission_queue_length\{class="batch"\}'
                 assert wait_for(lambda: metric(get(router.url + "/metrics").text, queue) == 1)
                 # The queued request holds the one batch place: the next one is refused.
                 r = post(
@@ -107,11 +107,11 @@ def test_slo_goodput_is_counted_per_policy_and_class(tmp_path: Path) -> None:
                 model=MODEL,
                 messages=CHAT,
                 max_tokens=8,
-                extra_headers={"X-Request-Class": "interactive", "X-Switchyard-Policy": "adaptive"},
+                extra_headers={"X-Request-Class": "interactive", "X-Turnout-Policy": "adaptive"},
             )
             text = get(router.url + "/metrics").text
-            met = r'switchyard_slo_attained_total\{class="interactive",policy="%s"\}'
-            missed = r'switchyard_slo_missed_total\{class="batch",policy="class-split"\}'
+            met = r'turnout_slo_attained_total\{class="interactive",policy="%s"\}'
+            missed = r'turnout_slo_missed_total\{class="batch",policy="class-split"\}'
             assert metric(text, met % "class-split") == 2
             assert metric(text, met % "adaptive") == 1
             assert metric(text, missed) == 1
@@ -124,7 +124,7 @@ def test_prompt_leaves_outstanding_at_the_first_byte(tmp_path: Path) -> None:
             client = client_for(router.url)
 
             def counts() -> tuple[int, int, int]:
-                (b,) = get(router.url + "/switchyard/backends").json()
+                (b,) = get(router.url + "/turnout/backends").json()
                 return (
                     b["inflight"],
                     b["outstanding_prompt_tokens"],

@@ -12,7 +12,7 @@ from tests.procs import start_emulator
 from tests.router.harness import base_config, client_for, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
-SERIES = 'switchyard_policy_ttft_prediction_error_ratio{backend="%s",policy="adaptive"}'
+SERIES = 'turnout_policy_ttft_prediction_error_ratio{backend="%s",policy="adaptive"}'
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something. " * 50}]
 
 

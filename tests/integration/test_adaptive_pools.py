@@ -31,7 +31,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
 
 
 def served_by(router: Process, policy: str, cls: str, n: int, **headers: str) -> Counter[str]:
-    client = client_for(router.url, **{"X-Switchyard-Policy": policy})
+    client = client_for(router.url, **{"X-Turnout-Policy": policy})
     out: Counter[str] = Counter()
     for _ in range(n):
         raw = client.chat.completions.with_raw_response.create(
@@ -40,23 +40,23 @@ def served_by(router: Process, policy: str, cls: str, n: int, **headers: str) ->
             max_tokens=4,
             extra_headers={"X-Request-Class": cls, **headers},
         )
-        out[raw.headers["x-switchyard-backend"]] += 1
+        out[raw.headers["x-turnout-backend"]] += 1
     return out
 
 
 def test_every_policy_sees_all_four_replicas(router: Process) -> None:
-    names = {b["name"] for b in get(router.url + "/switchyard/backends").json()}
+    names = {b["name"] for b in get(router.url + "/turnout/backends").json()}
     assert names == {"vllm-a", "vllm-b", "deepinfer-a", "deepinfer-b"}
     assert set(served_by(router, "round-robin", "interactive", 8)) == names
     assert set(served_by(router, "deepinfer-only", "batch", 4)) <= {"deepinfer-a", "deepinfer-b"}
     # pinned to an engine kind: least in-flight replica of the pool first.
-    client = client_for(router.url, **{"X-Switchyard-Policy": "vllm-only"})
+    client = client_for(router.url, **{"X-Turnout-Policy": "vllm-only"})
     # ignore_eos: the busy stream runs all 2,000 tokens (about 1.2 s at this time scale), so
     # it is still in flight when the next request is routed even on a loaded machine.
     with client.chat.completions.with_streaming_response.create(
         model=MODEL, messages=CHAT, max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
     ) as busy:
-        first = busy.headers["x-switchyard-backend"]
+        first = busy.headers["x-turnout-backend"]
         assert served_by(router, "vllm-only", "interactive", 1) == {
             ({"vllm-a", "vllm-b"} - {first}).pop(): 1
         }
@@ -84,7 +84,7 @@ def test_batch_is_mirrored_through_the_shadow_policy(router: Process) -> None:
         return sum(
             metric(
                 text,
-                r'switchyard_shadow_requests_total\{backend="NAME",class="batch",code="200",'
+                r'turnout_shadow_requests_total\{backend="NAME",class="batch",code="200",'
                 r'policy="adaptive"\}'.replace("NAME", name),
             )
             for name in ("deepinfer-a", "deepinfer-b")  # class-split's batch pool
@@ -94,4 +94,4 @@ def test_batch_is_mirrored_through_the_shadow_policy(router: Process) -> None:
     served_by(router, "adaptive", "batch", 3)
     served_by(router, "adaptive", "interactive", 2)  # not mirrored: the shadow is batch-only
     assert wait_for(lambda: mirrored() == before + 3)
-    assert 'switchyard_shadow_requests_total{backend="vllm' not in get(router.url + "/metrics").text
+    assert 'turnout_shadow_requests_total{backend="vllm' not in get(router.url + "/metrics").text

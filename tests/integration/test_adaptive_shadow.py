@@ -44,7 +44,7 @@ def test_stalled_shadow_does_not_delay_the_client(live: Process, tmp_path: Path)
     with start_emulator("deepinfer", time_scale=20, args=["--stall", str(STALL_S)]) as stalled:
         doc = config(live, stalled, sample=1.0, max_concurrency=2)
         with start_router(write_config(tmp_path, doc)) as router:
-            client = client_for(router.url, **{"X-Switchyard-Policy": "mirrored"})
+            client = client_for(router.url, **{"X-Turnout-Policy": "mirrored"})
             started = time.monotonic()
             for _ in range(6):
                 t0 = time.monotonic()
@@ -59,20 +59,20 @@ def test_stalled_shadow_does_not_delay_the_client(live: Process, tmp_path: Path)
             assert time.monotonic() - started < STALL_S / 2
             text = get(router.url + "/metrics").text
             # Two shadow requests are still waiting on the stalled backend; four were dropped.
-            assert metric(text, r'switchyard_shadow_dropped_total\{policy="mirrored"\}') == 4
-            assert "switchyard_shadow_requests_total{" not in text
-            served = r'switchyard_requests_total\{backend="live",class="interactive",code="200"'
+            assert metric(text, r'turnout_shadow_dropped_total\{policy="mirrored"\}') == 4
+            assert "turnout_shadow_requests_total{" not in text
+            served = r'turnout_requests_total\{backend="live",class="interactive",code="200"'
             assert metric(text, served + r',policy="mirrored",reason="ok"\}') == 6
-            assert 'switchyard_requests_total{backend="shadow"' not in text
+            assert 'turnout_requests_total{backend="shadow"' not in text
             # Open shadow requests do not count as the backend's in-flight work.
-            assert metric(text, r'switchyard_inflight_requests\{backend="shadow"\}') == 0
+            assert metric(text, r'turnout_inflight_requests\{backend="shadow"\}') == 0
 
 
 def test_class_filter_and_shadow_metrics(live: Process, tmp_path: Path) -> None:
     with start_emulator("deepinfer", time_scale=20) as shadow:
         doc = config(live, shadow, sample=1.0, **{"class": "batch"})
         with start_router(write_config(tmp_path, doc)) as router:
-            batch = client_for(router.url, **{"X-Switchyard-Policy": "mirrored"})
+            batch = client_for(router.url, **{"X-Turnout-Policy": "mirrored"})
             for cls in ("batch", "interactive", "batch"):
                 batch.chat.completions.create(
                     model=MODEL,
@@ -81,15 +81,13 @@ def test_class_filter_and_shadow_metrics(live: Process, tmp_path: Path) -> None:
                     extra_headers={"X-Request-Class": cls},
                 )
             pattern = (
-                r'switchyard_shadow_requests_total\{backend="shadow",class="batch",'
+                r'turnout_shadow_requests_total\{backend="shadow",class="batch",'
                 r'code="200",policy="mirrored"\}'
             )
             assert wait_for(lambda: metric(get(router.url + "/metrics").text, pattern) == 2)
             text = get(router.url + "/metrics").text
-            assert (
-                'switchyard_shadow_requests_total{backend="shadow",class="interactive"' not in text
-            )
-            e2e = r'switchyard_shadow_e2e_request_latency_seconds_count\{backend="shadow",'
+            assert 'turnout_shadow_requests_total{backend="shadow",class="interactive"' not in text
+            e2e = r'turnout_shadow_e2e_request_latency_seconds_count\{backend="shadow",'
             assert metric(text, e2e + r'class="batch",policy="mirrored"\}') == 2
             # Unmirrored policy: nothing sampled.
             plain = client_for(router.url)

@@ -43,7 +43,7 @@ def pair() -> Iterator[tuple[Process, Process]]:
 
 
 def _backends(url: str) -> dict[str, dict[str, Any]]:
-    return {b["name"]: b for b in get(url + "/switchyard/backends").json()}
+    return {b["name"]: b for b in get(url + "/turnout/backends").json()}
 
 
 def _gauges(url: str, name: str) -> set[str]:
@@ -78,33 +78,31 @@ def test_reload_adds_and_removes_backends_under_a_stream(
             stream=True,
             extra_body={"ignore_eos": True},
         )
-        assert stream.headers["x-switchyard-backend"] == "a"
+        assert stream.headers["x-turnout-backend"] == "a"
         chunks = iter(stream.parse())
         next(chunks)
 
         write_config(tmp_path, doc_b)  # a goes, b comes, while a still streams
-        reply = post(router.url + "/switchyard/reload", b"")
+        reply = post(router.url + "/turnout/reload", b"")
         assert reply.status == 200, reply.text
         assert set(_backends(router.url)) == {"b"}  # b was probed before the reload answered
         assert _backends(router.url)["b"]["healthy"] is True
-        assert _gauges(router.url, "switchyard_backend_up") == {"b"}
+        assert _gauges(router.url, "turnout_backend_up") == {"b"}
         served = post(router.url + "/v1/chat/completions", _body())
-        assert served.status == 200 and served.headers["x-switchyard-backend"] == "b"
+        assert served.status == 200 and served.headers["x-turnout-backend"] == "b"
 
         rest = list(chunks)
         assert rest[-1].choices[0].finish_reason == "length"  # a's stream ended whole
         text = get(router.url + "/metrics").text
-        done = parse_samples(text, frozenset({"switchyard_requests_total"}))
-        assert done["switchyard_requests_total"] == 2
+        done = parse_samples(text, frozenset({"turnout_requests_total"}))
+        assert done["turnout_requests_total"] == 2
 
         both = base_config([("a", "vllm", first.url), ("b", "vllm", second.url)])
         write_config(tmp_path, both)
-        assert post(router.url + "/switchyard/reload", b"").status == 200
+        assert post(router.url + "/turnout/reload", b"").status == 200
         assert set(_backends(router.url)) == {"a", "b"}
-        pinned = post(
-            router.url + "/v1/chat/completions", _body(), {"X-Switchyard-Policy": "a-only"}
-        )
-        assert pinned.headers["x-switchyard-backend"] == "a"
+        pinned = post(router.url + "/v1/chat/completions", _body(), {"X-Turnout-Policy": "a-only"})
+        assert pinned.headers["x-turnout-backend"] == "a"
 
 
 def test_discovery_through_the_system_resolver(
@@ -122,10 +120,10 @@ def test_discovery_through_the_system_resolver(
         assert all(b["healthy"] for name, b in found.items() if name != "pool@::1")
         # Policies name the configured backend; its replicas answer to it.
         reply = post(
-            router.url + "/v1/chat/completions", _body(), {"X-Switchyard-Policy": "pool-only"}
+            router.url + "/v1/chat/completions", _body(), {"X-Turnout-Policy": "pool-only"}
         )
         assert reply.status == 200, reply.text
-        assert reply.headers["x-switchyard-backend"].startswith("pool@")
+        assert reply.headers["x-turnout-backend"].startswith("pool@")
 
 
 async def _equals(value: Awaitable[set[str]], expected: set[str]) -> bool:
@@ -182,7 +180,7 @@ async def test_the_backend_set_follows_the_resolver(
     async with _in_process(tmp_path, doc, names) as url:
 
         async def current() -> set[str]:
-            # The standard library's client in a thread: the router serves from this loop.
+            # The standard library's client in a thread: the turnout serves from this loop.
             return set(await asyncio.to_thread(_backends, url))
 
         assert await current() == {one}  # joined (probed) before the app started serving
@@ -195,14 +193,14 @@ async def test_the_backend_set_follows_the_resolver(
             raw = await client.chat.completions.with_raw_response.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
-            used.add(raw.headers["x-switchyard-backend"])
+            used.add(raw.headers["x-turnout-backend"])
         assert used == {one, two}
 
         pinned = openai.AsyncOpenAI(
             base_url=url + "/v1",
             api_key="unused",
             max_retries=0,
-            default_headers={"X-Switchyard-Policy": "round-robin"},
+            default_headers={"X-Turnout-Policy": "round-robin"},
         )
         stream: openai.AsyncStream[ChatCompletionChunk] | None = None
         for _ in range(2):  # the rotation lands on the second replica within two requests
@@ -213,7 +211,7 @@ async def test_the_backend_set_follows_the_resolver(
                 stream=True,
                 extra_body={"ignore_eos": True},
             )
-            if opened.headers["x-switchyard-backend"] == two:
+            if opened.headers["x-turnout-backend"] == two:
                 stream = opened.parse()
                 break
             await opened.parse().close()
@@ -223,7 +221,7 @@ async def test_the_backend_set_follows_the_resolver(
 
         names.addresses = ["127.0.0.1"]  # the second replica leaves mid-stream
         await _until(lambda: _equals(current(), {one}))
-        gauges = await asyncio.to_thread(_gauges, url, "switchyard_backend_up")
+        gauges = await asyncio.to_thread(_gauges, url, "turnout_backend_up")
         assert gauges == {one}
         last = None
         async for chunk in stream:

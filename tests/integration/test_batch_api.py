@@ -98,8 +98,8 @@ def test_a_batch_runs_on_the_batch_pool(
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(report.read_text())["runs"][0]["overall"]["completed"] == 30
     metrics = get(router.url + "/metrics").text
-    assert f'switchyard_batch_lines_total{{batch="{batch.id}",outcome="completed"}} 30.0' in metrics
-    assert f'switchyard_batch_tokens_total{{batch="{batch.id}",kind="completion"}}' in metrics
+    assert f'turnout_batch_lines_total{{batch="{batch.id}",outcome="completed"}} 30.0' in metrics
+    assert f'turnout_batch_tokens_total{{batch="{batch.id}",kind="completion"}}' in metrics
 
 
 def test_embeddings_and_completions_batches(client: openai.OpenAI) -> None:

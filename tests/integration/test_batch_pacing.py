@@ -26,9 +26,7 @@ from tests.router.harness import base_config, get, start_router, write_config
 
 
 def window(url: str) -> float:
-    found = re.search(
-        r"^switchyard_batch_concurrency_limit (\S+)$", get(url + "/metrics").text, re.M
-    )
+    found = re.search(r"^turnout_batch_concurrency_limit (\S+)$", get(url + "/metrics").text, re.M)
     assert found is not None
     return float(found.group(1))
 

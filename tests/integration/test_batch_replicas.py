@@ -30,9 +30,7 @@ def postgres() -> Iterator[Postgres]:
 
 def lines_run(router_url: str) -> int:
     text = get(router_url + "/metrics").text
-    found = re.findall(
-        r'^switchyard_batch_lines_total\{[^}]*outcome="completed"\} (\S+)$', text, re.M
-    )
+    found = re.findall(r'^turnout_batch_lines_total\{[^}]*outcome="completed"\} (\S+)$', text, re.M)
     return sum(int(float(x)) for x in found)
 
 

@@ -22,7 +22,7 @@ def ask(url: str, system: str, question: str) -> tuple[str, int]:
     )
     usage = raw.parse().usage
     assert usage is not None and usage.prompt_tokens_details is not None
-    return raw.headers["x-switchyard-backend"], usage.prompt_tokens_details.cached_tokens or 0
+    return raw.headers["x-turnout-backend"], usage.prompt_tokens_details.cached_tokens or 0
 
 
 def test_shared_prefixes_follow_their_cache(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from common.capture import CaptureRecord, dump_line, parse_line
 from tests.procs import run_replay, start_emulator
 from tests.router.harness import base_config, client_for, start_router, write_config
+from turnout.common.capture import CaptureRecord, dump_line, parse_line
 
 MODEL = "deepseek-v4.1-flash"
 
@@ -171,8 +171,8 @@ def test_replay_sends_the_api_key_it_is_given(
         )
     )
     doc = base_config(emulators, require_api_key=True)
-    doc["api_keys"] = [{"name": "bench", "env": "SWITCHYARD_TEST_KEY", "class": "batch"}]
-    monkeypatch.setenv("SWITCHYARD_TEST_KEY", "sk-replay")  # the router child reads it
+    doc["api_keys"] = [{"name": "bench", "env": "TURNOUT_TEST_KEY", "class": "batch"}]
+    monkeypatch.setenv("TURNOUT_TEST_KEY", "sk-replay")  # the router child reads it
     with start_router(write_config(tmp_path, doc)) as router:
         reports = {}
         for key in (None, "sk-replay"):

@@ -11,9 +11,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
-from common.capture import parse_line
 from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, request, start_router, write_config
+from turnout.common.capture import parse_line
 
 MODEL = "deepseek-v4.1-flash"
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -137,18 +137,18 @@ def test_max_concurrency(router: Process) -> None:
 def test_key_policy_and_class_overrides(router: Process) -> None:
     with client(router, KEYS["pin"]) as c:
         raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
-    assert raw.headers["x-switchyard-policy"] == "round-robin"
-    assert raw.headers["x-switchyard-class"] == "batch"
-    claims = {"X-Switchyard-Policy": "class-split", "X-Request-Class": "interactive"}
+    assert raw.headers["x-turnout-policy"] == "round-robin"
+    assert raw.headers["x-turnout-class"] == "batch"
+    claims = {"X-Turnout-Policy": "class-split", "X-Request-Class": "interactive"}
     with client(router, KEYS["pin"], **claims) as c:
         raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
     # the key's own policy and class win: its holder cannot claim another's priority
-    assert raw.headers["x-switchyard-policy"] == "round-robin"
-    assert raw.headers["x-switchyard-class"] == "batch"
+    assert raw.headers["x-turnout-policy"] == "round-robin"
+    assert raw.headers["x-turnout-class"] == "batch"
 
 
 def test_admin_endpoints_need_the_admin_key(router: Process) -> None:
-    url = router.url + "/switchyard/backends"
+    url = router.url + "/turnout/backends"
     assert request("GET", url).status == 401
     reply = request("GET", url, headers={"Authorization": f"Bearer {KEYS['web']}"})
     assert reply.status == 403 and reply.json()["error"]["type"] == "permission_error"

@@ -43,7 +43,7 @@ def _failovers(router: Process) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in get(router.url + "/metrics").text.splitlines()
-        if line.startswith("switchyard_failovers_total{") and 'backend="bad"' in line
+        if line.startswith("turnout_failovers_total{") and 'backend="bad"' in line
     )
 
 
@@ -53,9 +53,9 @@ def test_failing_backend_is_ejected_and_skipped(router: Process) -> None:
             raw = c.chat.completions.with_raw_response.create(
                 model=MODEL, messages=CHAT, max_tokens=2
             )
-            assert raw.headers["x-switchyard-backend"] == "good"  # failover hid every 503
+            assert raw.headers["x-turnout-backend"] == "good"  # failover hid every 503
     assert _failovers(router) == 2  # two failures ejected it; round-robin never tried it again
-    states = {b["name"]: b for b in get(router.url + "/switchyard/backends").json()}
+    states = {b["name"]: b for b in get(router.url + "/turnout/backends").json()}
     assert states["bad"]["breaker"] == "open" and not states["bad"]["healthy"]
     assert states["good"]["breaker"] == "closed"
 
@@ -75,8 +75,8 @@ def test_half_open_probe_brings_a_recovered_backend_back(tmp_path: Path) -> None
                 c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
             assert _breaker(router, "flaky") in ("open", "half-open")
             flaky.close()  # the engine is fixed and comes back on the same port
-            argv = [sys.executable, "-m", "emulator", "--profile", "vllm", "--time-scale", "50",
-                    "--port", str(urlsplit(emu.url).port)]  # fmt: skip
+            argv = [sys.executable, "-m", "turnout", "emulator", "--profile", "vllm",
+                    "--time-scale", "50", "--port", str(urlsplit(emu.url).port)]  # fmt: skip
             with start_process(argv, "emulator listening on"):
                 deadline = time.monotonic() + 15
                 while _breaker(router, "flaky") != "closed":  # until a probe got through
@@ -86,14 +86,14 @@ def test_half_open_probe_brings_a_recovered_backend_back(tmp_path: Path) -> None
                 served = {
                     c.chat.completions.with_raw_response.create(
                         model=MODEL, messages=CHAT, max_tokens=2
-                    ).headers["x-switchyard-backend"]
+                    ).headers["x-turnout-backend"]
                     for _ in range(6)
                 }
                 assert served == {"flaky", "good"}
 
 
 def _breaker(router: Process, name: str) -> str:
-    states = {b["name"]: b["breaker"] for b in get(router.url + "/switchyard/backends").json()}
+    states = {b["name"]: b["breaker"] for b in get(router.url + "/turnout/backends").json()}
     return str(states[name])
 
 

@@ -90,11 +90,11 @@ CORPUS: dict[str, bytes] = {
     ),
     # headers
     "bad class header": post(_ok_body(), "X-Request-Class: urgent"),
-    "unknown policy header": post(_ok_body(), "X-Switchyard-Policy: nope"),
+    "unknown policy header": post(_ok_body(), "X-Turnout-Policy: nope"),
     "duplicate class header": post(
         _ok_body(), "X-Request-Class: batch", "X-Request-Class: interactive"
     ),
-    "duplicate policy header": post(_ok_body(), "X-Switchyard-Policy: a", "X-Switchyard-Policy: b"),
+    "duplicate policy header": post(_ok_body(), "X-Turnout-Policy: a", "X-Turnout-Policy: b"),
     "duplicate authorization": post(
         _ok_body(), "Authorization: Bearer a", "Authorization: Bearer b"
     ),

@@ -44,7 +44,7 @@ def config(urls: list[tuple[str, str]], **health: Any) -> dict[str, Any]:
 
 
 def breakers(router: Process) -> dict[str, str]:
-    return {b["name"]: b["breaker"] for b in get(router.url + "/switchyard/backends").json()}
+    return {b["name"]: b["breaker"] for b in get(router.url + "/turnout/backends").json()}
 
 
 def ordinary(router: Process) -> str:
@@ -52,7 +52,7 @@ def ordinary(router: Process) -> str:
     raw = client_for(router.url).chat.completions.with_raw_response.create(
         model=MODEL, messages=CHAT, max_tokens=2
     )
-    return raw.headers["x-switchyard-backend"]
+    return raw.headers["x-turnout-backend"]
 
 
 def nested(depth: int) -> bytes:
@@ -124,5 +124,5 @@ def test_with_every_backend_ejected_the_router_routes_anyway(
         assert get(router.url + "/ready").status == 200  # probes pass: passive ejection only
         assert ordinary(router) == "a"
         text = get(router.url + "/metrics").text
-    panics = re.search(rf'switchyard_panic_routing_total\{{model="{MODEL}"\}} (\S+)', text)
+    panics = re.search(rf'turnout_panic_routing_total\{{model="{MODEL}"\}} (\S+)', text)
     assert panics is not None and float(panics[1]) == 1.0

@@ -2,7 +2,7 @@
 
 SIGTERM: the listening socket closes, in-flight streams finish (up to
 ``shutdown.drain_seconds``), the capture is flushed, exit code 0. SIGHUP and
-``POST /switchyard/reload`` swap the config without dropping a stream; an invalid config is
+``POST /turnout/reload`` swap the config without dropping a stream; an invalid config is
 refused with its errors and the old one stays.
 """
 
@@ -67,7 +67,7 @@ def long_stream(router: Process, tokens: int = LONG) -> Iterator[Iterator[ChatCo
 def policy_of(router: Process) -> str:
     with client(router) as c:
         raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
-    return raw.headers["x-switchyard-policy"]
+    return raw.headers["x-turnout-policy"]
 
 
 def refused(url: str) -> bool:
@@ -192,7 +192,7 @@ def test_reload_endpoint_applies_and_refuses(
 
 
 def _reloads(router: Process, path: Path, doc: dict[str, Any], tmp_path: Path) -> None:
-    url = router.url + "/switchyard/reload"
+    url = router.url + "/turnout/reload"
     write_config(tmp_path, {**doc, "default_policy": "round-robin"})
     reply = request("POST", url, b"")
     assert reply.status == 200, reply.text

@@ -181,7 +181,7 @@ def test_a_client_that_stops_reading_is_disconnected(router: Process) -> None:
 
 def _wait_inflight(router: Process, n: int) -> None:
     deadline = time.monotonic() + 30
-    while get(router.url + "/switchyard/backends").json()[0]["inflight"] != n:
+    while get(router.url + "/turnout/backends").json()[0]["inflight"] != n:
         assert time.monotonic() < deadline, f"in-flight never reached {n}"
         time.sleep(0.05)
 
@@ -191,5 +191,5 @@ def _count(router: Process, label: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("switchyard_requests_total{") and label in line
+        if line.startswith("turnout_requests_total{") and label in line
     )

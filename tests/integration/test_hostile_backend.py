@@ -61,7 +61,7 @@ def _rss_kb(pid: int) -> int:
 
 def _protocol_errors(router: Process, kind: str) -> float:
     text = get(router.url + "/metrics").text
-    pattern = rf'switchyard_upstream_protocol_errors_total\{{backend="bad",kind="{kind}"\}} (\S+)'
+    pattern = rf'turnout_upstream_protocol_errors_total\{{backend="bad",kind="{kind}"\}} (\S+)'
     found = re.search(pattern, text)
     return float(found[1]) if found else 0.0
 
@@ -179,7 +179,7 @@ def test_malformed_usage_is_ignored_and_counted(router: Process, mode: str, stre
     else:
         assert reply.json()["choices"][0]["message"]["content"] == "hi there"
     assert _protocol_errors(router, "bad_usage") == before + 1
-    ok = r'switchyard_requests_total\{[^}]*backend="bad"[^}]*code="200"'
+    ok = r'turnout_requests_total\{[^}]*backend="bad"[^}]*code="200"'
     assert re.search(ok, get(router.url + "/metrics").text)
 
 
@@ -247,7 +247,7 @@ def test_infrastructure_headers_are_not_passed_on(router: Process, stream: bool)
     assert reply.status == 200
     for name in ("set-cookie", "via", "x-upstream-addr", "x-powered-by", "alt-svc"):
         assert name not in reply.headers
-    assert reply.headers["server"] == "switchyard"
+    assert reply.headers["server"] == "turnout"
     assert reply.headers["x-engine-note"] == "kept"  # end-to-end headers still pass
     assert SECRET not in str(reply.headers) and INTERNAL_HOST not in str(reply.headers)
 
@@ -261,7 +261,7 @@ def test_the_server_header_names_no_version(router: Process) -> None:
         post(router.url + "/v1/chat/completions", _chat("ok", True)),
     ]
     assert [r.status for r in replies] == [200, 404, 400, 200, 200]
-    assert {r.headers["server"] for r in replies} == {"switchyard"}
+    assert {r.headers["server"] for r in replies} == {"turnout"}
 
 
 # -- a hung backend --------------------------------------------------------------------------
@@ -297,5 +297,5 @@ def test_what_counts_against_the_backend(
     doc["health"].update(failures_to_eject=1, cooldown=60, cooldown_max=60)
     with start_router(write_config(tmp_path, doc)) as proc:
         post(proc.url + "/v1/chat/completions", _chat(mode, stream))
-        states = {b["name"]: b["breaker"] for b in get(proc.url + "/switchyard/backends").json()}
+        states = {b["name"]: b["breaker"] for b in get(proc.url + "/turnout/backends").json()}
     assert states == {"bad": breaker, "spare": "closed"}

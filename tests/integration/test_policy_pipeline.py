@@ -52,13 +52,13 @@ def test_emptied_set_is_a_503_counted_against_the_filter(served: tuple[Reply, Re
     assert interactive.status == 503, interactive.text
     assert interactive.json()["error"]["code"] == "no_backend"
     assert batch.status == 200, batch.text
-    assert batch.headers["x-switchyard-backend"] == "good"
-    rejected = 'switchyard_policy_filter_rejections_total{filter="class-members",policy="split"}'
+    assert batch.headers["x-turnout-backend"] == "good"
+    rejected = 'turnout_policy_filter_rejections_total{filter="class-members",policy="split"}'
     assert f"{rejected} 1.0" in text
     # Timed: each plugin's first run (the batch request's), not the filter's second.
-    timed = 'switchyard_policy_plugin_duration_seconds_count{kind="filter",plugin="class-members"'
+    timed = 'turnout_policy_plugin_duration_seconds_count{kind="filter",plugin="class-members"'
     assert f'{timed},policy="split"}} 1.0' in text
-    scorer = 'switchyard_policy_plugin_duration_seconds_count{kind="scorer",plugin="least-requests"'
+    scorer = 'turnout_policy_plugin_duration_seconds_count{kind="scorer",plugin="least-requests"'
     assert f'{scorer},policy="split"}} 1.0' in text
 
 

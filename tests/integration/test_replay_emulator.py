@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from common.capture import CaptureRecord, dump_line, parse_line
 from tests.fixtures import AZURE, BURSTGPT, MOONCAKE, OPENAI_BATCH
 from tests.procs import Process, run_replay, start_emulator
+from turnout.common.capture import CaptureRecord, dump_line, parse_line
 
 MODEL = "deepseek-v4.1-flash"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from common.capture import parse_line
 from tests.fixtures import OPENAI_BATCH
 from tests.procs import ROOT, Process, run_replay, start_emulator
+from turnout.common.capture import parse_line
 
 DEMO = ROOT / "config" / "demo-capture.jsonl"
 

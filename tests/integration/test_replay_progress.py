@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from common.capture import CaptureRecord, dump_line
 from tests.procs import ROOT, start_emulator
+from turnout.common.capture import CaptureRecord, dump_line
 
 
 def test_progress_line_on_a_terminal(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_progress_line_on_a_terminal(tmp_path: Path) -> None:
     with start_emulator("vllm", time_scale=50) as emu:
         master, slave = pty.openpty()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "replay", str(cap), "--target", emu.url],
+            [sys.executable, "-m", "turnout", "replay", str(cap), "--target", emu.url],
             cwd=ROOT,
             stdout=slave,
             stderr=subprocess.DEVNULL,

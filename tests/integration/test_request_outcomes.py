@@ -38,11 +38,11 @@ ACCESS_FIELDS = {"ts", "request_id", "tenant", "path", "model", "stream", "class
                  "backend", "attempts", "status", "reason", "ttft_ms", "e2e_ms",
                  "prompt_tokens", "completion_tokens"}  # fmt: skip
 MAX_BODY = 8192
-OK, TOTAL = "ok", "switchyard_requests_total"
+OK, TOTAL = "ok", "turnout_requests_total"
 HISTOGRAMS = (
-    "switchyard_time_to_first_token_seconds_count",
-    "switchyard_time_per_output_token_seconds_count",
-    "switchyard_e2e_request_latency_seconds_count",
+    "turnout_time_to_first_token_seconds_count",
+    "turnout_time_per_output_token_seconds_count",
+    "turnout_e2e_request_latency_seconds_count",
 )
 
 
@@ -68,7 +68,7 @@ def client(
         api_key=key,
         max_retries=0,
         timeout=timeout,
-        default_headers={"X-Switchyard-Policy": policy},
+        default_headers={"X-Turnout-Policy": policy},
     )
 
 
@@ -81,7 +81,7 @@ def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def outcomes(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Counter[tuple[str, str]]:
-    """switchyard_requests_total summed by (code, reason), series at 0 left out."""
+    """turnout_requests_total summed by (code, reason), series at 0 left out."""
     counts: Counter[tuple[str, str]] = Counter()
     for labels, value in samples.get(TOTAL, []):
         if value:
@@ -92,7 +92,7 @@ def outcomes(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Counter[
 def send_mix(url: str) -> Counter[tuple[str, str]]:
     """The scripted requests; returns what each should be counted as."""
     sent: Counter[tuple[str, str]] = Counter()
-    auth = {"Authorization": f"Bearer {KEY}", "X-Switchyard-Policy": "good-only"}
+    auth = {"Authorization": f"Bearer {KEY}", "X-Turnout-Policy": "good-only"}
     with client(url) as c:
         for i in range(3):
             stream = c.chat.completions.create(

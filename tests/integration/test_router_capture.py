@@ -8,9 +8,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from common.capture import CaptureRecord, parse_line
 from tests.procs import start_emulator
 from tests.router.harness import base_config, client_for, start_router, write_config
+from turnout.common.capture import CaptureRecord, parse_line
 
 MODEL = "deepseek-v4.1-flash"
 

@@ -1,4 +1,4 @@
-"""`router serve` as a newcomer runs it: the embedded default, workers, clean shutdown."""
+"""`turnout serve` as a newcomer runs it: the embedded default, workers, clean shutdown."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ def refused(url: str) -> bool:
 
 def test_embedded_default_serves_and_stops_its_emulators() -> None:
     with start_router(None) as router:
-        backends = get(router.url + "/switchyard/backends").json()
+        backends = get(router.url + "/turnout/backends").json()
         assert {b["name"] for b in backends} == {"vllm", "deepinfer"}
         assert all(b["healthy"] for b in backends)
-        policies = get(router.url + "/switchyard/policies").json()
+        policies = get(router.url + "/turnout/policies").json()
         assert [p["name"] for p in policies if p["default"]] == ["adaptive"]
         client = client_for(router.url)
         assert [m.id for m in client.models.list()] == [MODEL]
@@ -37,8 +37,8 @@ def test_embedded_default_serves_and_stops_its_emulators() -> None:
             messages=[{"role": "user", "content": "hello"}],
             max_tokens=3,
         )
-        assert raw.headers["x-switchyard-policy"] == "adaptive"
-        assert raw.headers["x-switchyard-backend"] == "vllm"
+        assert raw.headers["x-turnout-policy"] == "adaptive"
+        assert raw.headers["x-turnout-backend"] == "vllm"
         assert raw.parse().choices[0].message.content
         urls = [b["url"] for b in backends]
         assert not any(refused(u) for u in urls)
@@ -67,7 +67,16 @@ def test_busy_port_fails_fast(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        argv = [sys.executable, "-m", "router", "serve", "--config", str(path), "--port", str(port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "turnout",
+            "serve",
+            "--config",
+            str(path),
+            "--port",
+            str(port),
+        ]
         res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in res.stderr

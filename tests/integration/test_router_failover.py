@@ -68,12 +68,12 @@ def test_refused_then_503_then_success(good: Process, flaky: Process, tmp_path: 
                 messages=CHAT,
                 max_tokens=4,
             )
-            assert raw.headers["x-switchyard-backend"] == "good"
+            assert raw.headers["x-turnout-backend"] == "good"
             assert raw.parse().choices[0].message.content
             text = get(router.url + "/metrics").text
-    assert metric(text, r'switchyard_failovers_total\{backend="dead",policy="class-split"\}') == 1
-    assert metric(text, r'switchyard_failovers_total\{backend="flaky",policy="class-split"\}') == 1
-    assert metric(text, r'switchyard_failovers_total\{backend="good",policy="class-split"\}') == 0
+    assert metric(text, r'turnout_failovers_total\{backend="dead",policy="class-split"\}') == 1
+    assert metric(text, r'turnout_failovers_total\{backend="flaky",policy="class-split"\}') == 1
+    assert metric(text, r'turnout_failovers_total\{backend="good",policy="class-split"\}') == 0
 
 
 def test_dead_at_startup_is_not_ready_at_once(good: Process, tmp_path: Path) -> None:
@@ -82,18 +82,16 @@ def test_dead_at_startup_is_not_ready_at_once(good: Process, tmp_path: Path) -> 
     )
     doc["health"] = {"interval": 30, "failures_to_eject": 50}
     with start_router(write_config(tmp_path, doc)) as router:
-        backends = {
-            b["name"]: b["healthy"] for b in get(router.url + "/switchyard/backends").json()
-        }
+        backends = {b["name"]: b["healthy"] for b in get(router.url + "/turnout/backends").json()}
         assert backends == {"dead": False, "good": True}
         raw = client_for(router.url).chat.completions.with_raw_response.create(
             model=MODEL,
             messages=CHAT,
             max_tokens=2,
         )
-        assert raw.headers["x-switchyard-backend"] == "good"
+        assert raw.headers["x-turnout-backend"] == "good"
         text = get(router.url + "/metrics").text
-    assert metric(text, r'switchyard_failovers_total\{backend="dead",policy="class-split"\}') == 0
+    assert metric(text, r'turnout_failovers_total\{backend="dead",policy="class-split"\}') == 0
 
 
 def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path) -> None:
@@ -107,7 +105,7 @@ def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path)
                 messages=CHAT,
                 max_tokens=3,
             )
-            assert first.headers["x-switchyard-backend"] == "victim"
+            assert first.headers["x-turnout-backend"] == "victim"
             victim.proc.kill()
             victim.proc.wait(10)
             for _ in range(3):
@@ -116,16 +114,16 @@ def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path)
                     messages=CHAT,
                     max_tokens=3,
                 )
-                assert again.headers["x-switchyard-backend"] == "good"
+                assert again.headers["x-turnout-backend"] == "good"
 
             def victim_down() -> bool:
-                backends = {b["name"]: b for b in get(router.url + "/switchyard/backends").json()}
+                backends = {b["name"]: b for b in get(router.url + "/turnout/backends").json()}
                 return not backends["victim"]["healthy"] and backends["good"]["healthy"]
 
             assert wait_for(victim_down)
             assert get(router.url + "/ready").status == 200
             text = get(router.url + "/metrics").text
-            assert 'switchyard_backend_up{backend="victim"} 0.0' in text
+            assert 'turnout_backend_up{backend="victim"} 0.0' in text
 
 
 def test_no_healthy_backend_is_not_ready_and_tried_anyway(tmp_path: Path) -> None:
@@ -137,9 +135,9 @@ def test_no_healthy_backend_is_not_ready_and_tried_anyway(tmp_path: Path) -> Non
             client_for(router.url).chat.completions.create(model=MODEL, messages=CHAT)
         # Panic mode: the probes' verdict does not stop the attempt; the backend refuses it.
         assert exc.value.status_code == 502
-        assert exc.value.response.headers["x-switchyard-backend"] == "dead"
+        assert exc.value.response.headers["x-turnout-backend"] == "dead"
         text = get(router.url + "/metrics").text
-    assert metric(text, r'switchyard_panic_routing_total\{model="other"\}') == 1
+    assert metric(text, r'turnout_panic_routing_total\{model="other"\}') == 1
 
 
 def test_stall_before_headers_times_out_on_each_backend(good: Process, tmp_path: Path) -> None:
@@ -159,9 +157,7 @@ def test_stall_before_headers_times_out_on_each_backend(good: Process, tmp_path:
                 )
             assert exc.value.status_code == 504
             text = get(router.url + "/metrics").text
-            assert (
-                metric(text, r'switchyard_failovers_total\{backend="a",policy="class-split"\}') == 1
-            )
+            assert metric(text, r'turnout_failovers_total\{backend="a",policy="class-split"\}') == 1
 
 
 def running(emu: Process) -> float:
@@ -190,11 +186,11 @@ def test_client_disconnect_frees_the_engine_slot(tmp_path: Path) -> None:
                     assert data, "router closed the stream early"
                     got += data
                 assert running(emu) == 1
-                inflight = get(router.url + "/switchyard/backends").json()[0]["inflight"]
+                inflight = get(router.url + "/turnout/backends").json()[0]["inflight"]
                 assert inflight == 1
             assert wait_for(lambda: running(emu) == 0, timeout=5)
             assert wait_for(
-                lambda: get(router.url + "/switchyard/backends").json()[0]["inflight"] == 0
+                lambda: get(router.url + "/turnout/backends").json()[0]["inflight"] == 0
             )
             text = get(router.url + "/metrics").text
             assert 'code="499"' in text
@@ -227,17 +223,17 @@ def test_backend_at_max_inflight_is_skipped_then_429(tmp_path: Path) -> None:
             with client.chat.completions.with_streaming_response.create(
                 model=MODEL, messages=CHAT, max_tokens=4000, stream=True
             ) as first:
-                assert first.headers["x-switchyard-backend"] == "a"
+                assert first.headers["x-turnout-backend"] == "a"
                 raw = client.chat.completions.with_raw_response.create(
                     model=MODEL,
                     messages=CHAT,
                     max_tokens=2,
                 )
-                assert raw.headers["x-switchyard-backend"] == "b"  # a is full: skipped
+                assert raw.headers["x-turnout-backend"] == "b"  # a is full: skipped
                 with client.chat.completions.with_streaming_response.create(
                     model=MODEL, messages=CHAT, max_tokens=4000, stream=True
                 ) as second:
-                    assert second.headers["x-switchyard-backend"] == "b"
+                    assert second.headers["x-turnout-backend"] == "b"
                     with pytest.raises(openai.RateLimitError):
                         client.chat.completions.create(
                             model=MODEL,

@@ -59,8 +59,8 @@ def test_key_class_steers(router: Process) -> None:
         messages=CHAT,
         max_tokens=2,
     )
-    assert raw.headers["x-switchyard-class"] == "batch"
-    assert raw.headers["x-switchyard-backend"] == "deepinfer"
+    assert raw.headers["x-turnout-class"] == "batch"
+    assert raw.headers["x-turnout-backend"] == "deepinfer"
 
 
 def test_key_without_class_uses_the_rules(router: Process) -> None:
@@ -69,26 +69,26 @@ def test_key_without_class_uses_the_rules(router: Process) -> None:
         messages=CHAT,
         max_tokens=2,
     )
-    assert raw.headers["x-switchyard-class"] == "interactive"
+    assert raw.headers["x-turnout-class"] == "interactive"
 
 
 def test_the_keys_class_beats_the_header(router: Process) -> None:
     """A batch key cannot claim interactive priority with a header."""
     c = client(router, "k-evals", **{"X-Request-Class": "interactive"})
     raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
-    assert raw.headers["x-switchyard-class"] == "batch"
+    assert raw.headers["x-turnout-class"] == "batch"
 
 
 def test_a_key_that_allows_overrides_follows_the_header(router: Process) -> None:
     c = client(router, "k-ops", **{"X-Request-Class": "interactive"})
     raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
-    assert raw.headers["x-switchyard-class"] == "interactive"
+    assert raw.headers["x-turnout-class"] == "interactive"
 
 
 def test_a_key_without_a_class_takes_the_header(router: Process) -> None:
     c = client(router, "k-web", **{"X-Request-Class": "batch"})
     raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=2)
-    assert raw.headers["x-switchyard-class"] == "batch"
+    assert raw.headers["x-turnout-class"] == "batch"
 
 
 def test_unknown_key_is_401(router: Process) -> None:

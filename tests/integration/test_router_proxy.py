@@ -52,9 +52,9 @@ def test_stream_chat_goes_to_vllm_and_says_so(router: str) -> None:
         max_tokens=8,
         stream=True,
     ) as resp:
-        assert resp.headers["x-switchyard-backend"] == "vllm"
-        assert resp.headers["x-switchyard-class"] == "interactive"
-        assert resp.headers["x-switchyard-policy"] == "class-split"
+        assert resp.headers["x-turnout-backend"] == "vllm"
+        assert resp.headers["x-turnout-class"] == "interactive"
+        assert resp.headers["x-turnout-policy"] == "class-split"
         assert resp.headers["x-request-id"]
         chunks = list(resp.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -82,8 +82,8 @@ def test_batch_class_header_steers_to_deepinfer(router: str) -> None:
         messages=CHAT,
         max_tokens=4,
     )
-    assert raw.headers["x-switchyard-backend"] == "deepinfer"
-    assert raw.headers["x-switchyard-class"] == "batch"
+    assert raw.headers["x-turnout-backend"] == "deepinfer"
+    assert raw.headers["x-turnout-class"] == "batch"
     assert raw.parse().usage is not None
 
 
@@ -94,19 +94,19 @@ def test_flex_service_tier_is_batch(router: str) -> None:
         max_tokens=4,
         service_tier="flex",
     )
-    assert raw.headers["x-switchyard-class"] == "batch"
+    assert raw.headers["x-turnout-class"] == "batch"
 
 
 def test_policy_header_picks_named_policy(router: str) -> None:
-    client = client_for(router, **{"X-Switchyard-Policy": "deepinfer-only"})
+    client = client_for(router, **{"X-Turnout-Policy": "deepinfer-only"})
     raw = client.completions.with_raw_response.create(model=MODEL, prompt="Hello", max_tokens=3)
-    assert raw.headers["x-switchyard-backend"] == "deepinfer"
-    assert raw.headers["x-switchyard-policy"] == "deepinfer-only"
+    assert raw.headers["x-turnout-backend"] == "deepinfer"
+    assert raw.headers["x-turnout-policy"] == "deepinfer-only"
     assert raw.parse().choices[0].text
 
 
 def test_unknown_policy_is_400(router: str) -> None:
-    client = client_for(router, **{"X-Switchyard-Policy": "nope"})
+    client = client_for(router, **{"X-Turnout-Policy": "nope"})
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL, prompt="Hello", max_tokens=3)
     assert "nope" in exc.value.message
@@ -136,7 +136,7 @@ def test_alias_rewrites_model_for_the_backend(router: str) -> None:
         messages=CHAT,
         max_tokens=3,
     )
-    assert raw.headers["x-switchyard-backend"] == "vllm"
+    assert raw.headers["x-turnout-backend"] == "vllm"
     assert raw.parse().model == MODEL
 
 
@@ -159,7 +159,7 @@ def test_sse_bytes_identical_to_direct_with_usage(
     via = post(
         router + "/v1/chat/completions",
         body,
-        headers={**headers, "X-Switchyard-Policy": "vllm-only"},
+        headers={**headers, "X-Turnout-Policy": "vllm-only"},
     )
     assert via.status == direct.status == 200
     assert via.headers["x-request-id"] == "same-id-usage"
@@ -181,7 +181,7 @@ def test_sse_bytes_without_usage_are_the_engines_minus_the_injected_usage_event(
     via = post(
         router + "/v1/chat/completions",
         raw,
-        headers={**headers, "X-Switchyard-Policy": "vllm-only"},
+        headers={**headers, "X-Turnout-Policy": "vllm-only"},
     )
     assert b'"usage"' not in direct.content
     assert b'"usage"' not in via.content
@@ -195,7 +195,7 @@ def test_non_stream_bytes_identical_to_direct(router: str, emulators: dict[str, 
     via = post(
         router + "/v1/completions",
         body,
-        headers={**headers, "X-Switchyard-Policy": "deepinfer-only"},
+        headers={**headers, "X-Turnout-Policy": "deepinfer-only"},
     )
     assert _normalise(via.content) == _normalise(direct.content)
     assert via.headers["content-type"] == direct.headers["content-type"]
@@ -208,7 +208,7 @@ def test_emulator_503_passes_through_after_failover(router: str) -> None:
     assert exc.value.status_code == 503
     metrics = get(router + "/metrics").text
     assert re.search(
-        r'switchyard_failovers_total\{backend="vllm",policy="class-split"\} [1-9]', metrics
+        r'turnout_failovers_total\{backend="vllm",policy="class-split"\} [1-9]', metrics
     )
 
 
@@ -284,7 +284,7 @@ def test_bad_class_header_is_400(router: str) -> None:
 def test_operational_endpoints(router: str) -> None:
     assert get(router + "/health").json()["status"] == "ok"
     assert get(router + "/ready").status == 200
-    backends = get(router + "/switchyard/backends").json()
+    backends = get(router + "/turnout/backends").json()
     assert [b["name"] for b in backends] == ["vllm", "deepinfer"]
     assert all(b["healthy"] and b["inflight"] == 0 for b in backends)
     # each engine's own /metrics was scraped with its kind's metric names
@@ -292,7 +292,7 @@ def test_operational_endpoints(router: str) -> None:
         load = b["load"]
         assert set(load) == {"waiting", "running", "kv_cache_usage", "kv_cache_tokens"}
         assert all(isinstance(v, float) and v >= 0 for v in load.values())
-    policies = get(router + "/switchyard/policies").json()
+    policies = get(router + "/turnout/policies").json()
     assert {"name": "class-split", "type": "class-split", "default": True} in policies
     assert sum(p["default"] for p in policies) == 1
 
@@ -301,14 +301,14 @@ def test_metrics_are_labelled_per_policy_backend_class(router: str) -> None:
     client_for(router).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3)
     text = get(router + "/metrics").text
     assert re.search(
-        r'switchyard_requests_total\{backend="vllm",class="interactive",code="200",'
+        r'turnout_requests_total\{backend="vllm",class="interactive",code="200",'
         r'policy="class-split",reason="ok"\} [1-9]',
         text,
     )
-    assert 'switchyard_time_to_first_token_seconds_bucket{backend="vllm"' in text
-    assert re.search(r'switchyard_output_tokens_total\{backend="vllm".*\} [1-9]', text)
-    assert 'switchyard_backend_up{backend="deepinfer"} 1.0' in text
-    assert 'switchyard_policy_decision_seconds_count{policy="class-split"}' in text
+    assert 'turnout_time_to_first_token_seconds_bucket{backend="vllm"' in text
+    assert re.search(r'turnout_output_tokens_total\{backend="vllm".*\} [1-9]', text)
+    assert 'turnout_backend_up{backend="deepinfer"} 1.0' in text
+    assert 'turnout_policy_decision_seconds_count{policy="class-split"}' in text
 
 
 def test_request_id_is_generated_and_sent_upstream(router: str) -> None:

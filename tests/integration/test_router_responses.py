@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from common.capture import CaptureRecord, parse_line
-from common.tokens import count_chat, count_text
 from tests.integration.test_router_capture import read_records
 from tests.procs import run_replay, start_emulator
 from tests.router.harness import base_config, client_for, start_router, write_config
+from turnout.common.capture import CaptureRecord, parse_line
+from turnout.common.tokens import count_chat, count_text
 
 MODEL = "deepseek-v4.1-flash"
 INSTRUCTIONS = "Answer briefly."
@@ -41,8 +41,8 @@ def test_a_whole_response_is_routed_and_reports_usage(router: tuple[str, Path]) 
     raw = client.responses.with_raw_response.create(
         model=MODEL, input=INPUT, instructions=INSTRUCTIONS, max_output_tokens=9
     )
-    assert raw.headers["x-switchyard-backend"] == "vllm"
-    assert raw.headers["x-switchyard-class"] == "interactive"
+    assert raw.headers["x-turnout-backend"] == "vllm"
+    assert raw.headers["x-turnout-class"] == "interactive"
     response = raw.parse()
     assert response.object == "response" and response.id.startswith("resp_")
     assert response.status in ("completed", "incomplete")

@@ -11,9 +11,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from common.tokens import count_chat, count_text
 from tests.procs import start_emulator
 from tests.router.harness import base_config, client_for, post, start_router, write_config
+from turnout.common.tokens import count_chat, count_text
 
 BIG = "deepseek-v4.1-flash"
 SMALL = "small-model"
@@ -57,7 +57,7 @@ def test_tokenize_goes_to_a_backend_serving_the_model(router: str) -> None:
     for model, backend in ((SMALL, "small"), (BIG, "big"), ("org/fast", "big")):
         reply = post(router + "/tokenize", {"model": model, "prompt": "Hello, world!"})
         assert reply.status == 200, reply.text
-        assert reply.headers["x-switchyard-backend"] == backend
+        assert reply.headers["x-turnout-backend"] == backend
         assert reply.json()["count"] == count_text("Hello, world!") == len(reply.json()["tokens"])
     messages = [{"role": "user", "content": "Name three rivers."}]
     reply = post(router + "/tokenize", {"model": SMALL, "messages": messages})

@@ -1,4 +1,4 @@
-"""`router serve --workers 2`: one truthful /metrics and one view of the backends' load.
+"""`turnout serve --workers 2`: one truthful /metrics and one view of the backends' load.
 
 Each request and scrape goes over a fresh connection, so the kernel spreads them over both
 workers (SO_REUSEPORT) as it would a fleet of clients and a Prometheus server.
@@ -117,15 +117,15 @@ def test_every_scrape_counts_every_workers_requests(emulator: Emulator, tmp_path
             sequence.append(
                 (
                     sent,
-                    series(text, "switchyard_requests_total"),
-                    series(text, "switchyard_e2e_request_latency_seconds_count"),
-                    series(text, "switchyard_e2e_request_latency_seconds_bucket", 'le="+Inf"'),
+                    series(text, "turnout_requests_total"),
+                    series(text, "turnout_e2e_request_latency_seconds_count"),
+                    series(text, "turnout_e2e_request_latency_seconds_bucket", 'le="+Inf"'),
                 )
             )
         # A worker that dies takes nothing with it: its figures stay in the sum.
         os.kill(victim := min(pids), signal.SIGKILL)
         wait_for(lambda: dead(victim))  # else a connection could still reach its closing socket
-        after = [series(get(router.url + "/metrics").text, "switchyard_requests_total")
+        after = [series(get(router.url + "/metrics").text, "turnout_requests_total")
                  for _ in range(5)]  # fmt: skip
     assert after == [SCRAPES] * 5
     print("sent, requests_total, e2e count, e2e +Inf bucket:", sequence)  # for the report
@@ -144,11 +144,11 @@ def test_workers_see_one_load_and_one_max_inflight(emulator: Emulator, tmp_path:
         for _ in range(2):  # two streams of about 10 s, each on its own connection
             next(iter(long_stream(open_, router.url)))
         for _ in range(10):  # every worker sees both streams...
-            [backend] = get(router.url + "/switchyard/backends").json()
+            [backend] = get(router.url + "/turnout/backends").json()
             assert backend["inflight"] == 2
             text = get(router.url + "/metrics").text
-            assert series(text, "switchyard_inflight_requests") == 2  # one series, not two
-            assert series(text, "switchyard_backend_up") == 1
+            assert series(text, "turnout_inflight_requests") == 2  # one series, not two
+            assert series(text, "turnout_backend_up") == 1
         # ...so the backend's max_inflight is the router's, not each worker's.
         for _ in range(6):
             reply = post(router.url + "/v1/chat/completions", CHAT)
@@ -167,7 +167,7 @@ def test_a_dead_worker_is_replaced_and_its_load_forgotten(
             chunks = iter(stream)
             next(chunks)
             streams.append((worker_prefix(stream.response.headers["x-request-id"]), chunks))
-        [backend] = get(router.url + "/switchyard/backends").json()
+        [backend] = get(router.url + "/turnout/backends").json()
         assert backend["inflight"] == len(streams)
         os.kill(victim := min(pids), signal.SIGKILL)
         wait_for(lambda: gone(router, victim) and len(workers_of(router)) == 2)
@@ -185,10 +185,10 @@ def test_a_dead_worker_is_replaced_and_its_load_forgotten(
         # The victim's in-flight requests died with it: the load every worker sees, and the
         # gauge every scrape shows, count only the streams still open.
         for _ in range(10):
-            [backend] = get(router.url + "/switchyard/backends").json()
+            [backend] = get(router.url + "/turnout/backends").json()
             assert backend["inflight"] == len(kept)
             text = get(router.url + "/metrics").text
-            assert series(text, "switchyard_inflight_requests") == len(kept)
+            assert series(text, "turnout_inflight_requests") == len(kept)
         for w, cut in streams:
             if w != survivor:  # past what its socket had buffered, the stream is cut
                 with pytest.raises(openai.APIConnectionError):

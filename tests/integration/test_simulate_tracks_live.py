@@ -40,7 +40,7 @@ async def live(url: str) -> list[tuple[float, float]]:
         api_key="unused",
         max_retries=0,
         timeout=60,
-        default_headers={"X-Request-Class": "batch", "X-Switchyard-Policy": "class-split"},
+        default_headers={"X-Request-Class": "batch", "X-Turnout-Policy": "class-split"},
     )
     t0 = time.perf_counter()
     out: list[tuple[float, float]] = []

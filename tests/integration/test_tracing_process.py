@@ -48,11 +48,11 @@ def test_the_environment_turns_tracing_on(tmp_path: Path, monkeypatch: pytest.Mo
                 time.sleep(0.05)
     spans = spans_in(stdout)
     assert sorted(s["name"] for s in spans) == sorted(
-        [f"chat {MODEL}", f"chat {MODEL}", "switchyard.classify", "switchyard.pick"]
+        [f"chat {MODEL}", f"chat {MODEL}", "turnout.classify", "turnout.pick"]
     )
     assert {s["context"]["trace_id"] for s in spans} == {f"0x{CLIENT_TRACE}"}
     assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"router-under-test"}
     (root,) = [s for s in spans if s["kind"] == "SpanKind.SERVER"]
-    assert root["attributes"]["switchyard.reason"] == "ok"
+    assert root["attributes"]["turnout.reason"] == "ok"
     assert root["attributes"]["gen_ai.usage.output_tokens"] == 4
     assert PROMPT not in "\n".join(stdout)

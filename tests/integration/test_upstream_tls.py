@@ -82,7 +82,7 @@ def _config(backends: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
 
 
 def _chat(router: Process, policy: str) -> str:
-    client = client_for(router.url, **{"X-Switchyard-Policy": policy})
+    client = client_for(router.url, **{"X-Turnout-Policy": policy})
     stream = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "hello"}],
@@ -115,7 +115,7 @@ def test_ca_bundle_client_certificate_and_server_name(
     del disc["url"]
     disc["discover"] = {"dns": "localhost", "port": port, "scheme": "https"}
     with start_router(write_config(tmp_path, doc)) as router:
-        health = {b["name"]: b["healthy"] for b in get(router.url + "/switchyard/backends").json()}
+        health = {b["name"]: b["healthy"] for b in get(router.url + "/turnout/backends").json()}
         health.pop("disc@::1", None)  # where localhost has an IPv6 address too (nothing there)
         assert health == {
             "tls": True,
@@ -154,7 +154,7 @@ def test_failed_handshakes_give_a_502_that_names_no_certificate(
     with start_router(write_config(tmp_path, doc)) as router:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         for policy in ("wrong_ca-only", "no_cert-only", "wrong_name-only"):
-            reply = post(router.url + "/v1/chat/completions", body, {"X-Switchyard-Policy": policy})
+            reply = post(router.url + "/v1/chat/completions", body, {"X-Turnout-Policy": policy})
             assert reply.status == 502, reply.text
             error = reply.json()["error"]
             assert error["code"] == "upstream_unreachable"

@@ -63,7 +63,7 @@ def engine_gauges(llama: Process) -> dict[str, float]:
 
 
 def backend(router: Process, name: str) -> dict[str, Any]:
-    entries: list[dict[str, Any]] = get(router.url + "/switchyard/backends").json()
+    entries: list[dict[str, Any]] = get(router.url + "/turnout/backends").json()
     return next(b for b in entries if b["name"] == name)
 
 
@@ -104,7 +104,7 @@ def test_chat_not_streamed(client: openai.OpenAI) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model=CHAT, messages=HELLO, max_tokens=16, temperature=0
     )
-    assert raw.headers["x-switchyard-backend"] == "llama"
+    assert raw.headers["x-turnout-backend"] == "llama"
     reply = raw.parse()
     assert reply.choices[0].message.content
     assert reply.usage is not None
@@ -171,7 +171,7 @@ def test_router_counts_tokens_of_a_stream_that_asked_no_usage(
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith("switchyard_output_tokens_total{") and 'backend="llama"' in line
+            if line.startswith("turnout_output_tokens_total{") and 'backend="llama"' in line
         )
 
     before = output_tokens()
@@ -205,7 +205,7 @@ def test_prompt_over_the_slot_context_is_the_clients_error(
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=CHAT, messages=too_long, max_tokens=2)
     # llama.cpp's own error, passed through: no failover to the emulator, no ejection
-    assert err.value.response.headers["x-switchyard-backend"] == "llama"
+    assert err.value.response.headers["x-turnout-backend"] == "llama"
     assert err.value.type == "exceed_context_size_error"
     assert backend(router, "llama")["healthy"]
 
@@ -219,7 +219,7 @@ async def test_load_is_scraped_from_llamacpp_metrics(router: Process, llama: Pro
             messages=[{"role": "user", "content": f"Count slowly from one to a thousand ({i})."}],
             max_tokens=1000,
             stream=True,
-            extra_headers={"X-Switchyard-Policy": "llama-only"},
+            extra_headers={"X-Turnout-Policy": "llama-only"},
         )
         async with stream:
             async for _ in stream:
@@ -285,13 +285,13 @@ def test_unknown_kind_read_by_its_series_and_a_killed_engine_fails_over(
             raw = client_for(r.url).chat.completions.with_raw_response.create(
                 model=CHAT, messages=HELLO, max_tokens=4
             )
-            assert raw.headers["x-switchyard-backend"] == "emu"
+            assert raw.headers["x-turnout-backend"] == "emu"
             assert raw.parse().model == EMU_MODEL
             assert wait_for(lambda: not backend(r, "llama")["healthy"], 10)
             streamed = client_for(r.url).chat.completions.with_raw_response.create(
                 model=CHAT, messages=HELLO, max_tokens=4, stream=True
             )
-            assert streamed.headers["x-switchyard-backend"] == "emu"
+            assert streamed.headers["x-turnout-backend"] == "emu"
             assert any(c.choices for c in streamed.parse())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from common.capture import (
+from turnout.common.capture import (
     CaptureFormatError,
     CaptureRecord,
     Observed,

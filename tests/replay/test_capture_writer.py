@@ -18,11 +18,11 @@ from typing import Any
 import orjson
 import pytest
 
-from common.capture import CaptureRecord, Observed, Response, Route, iso_utc, parse_line
-from common.tokens import count_chat
 from router.config.model import CaptureSettings, Redaction
 from router.observe.capture import CaptureWriter
 from router.observe.redact import hash_text, redact
+from turnout.common.capture import CaptureRecord, Observed, Response, Route, iso_utc, parse_line
+from turnout.common.tokens import count_chat
 
 _BODY = {
     "model": "m",
@@ -204,7 +204,7 @@ async def test_a_body_too_deep_to_encode_is_written_replaced_and_counted(
     await w.aclose()
     deep, fine = (parse_line(line) for line in _lines(path))
     assert deep.custom_id == "deep" and fine.custom_id == "fine"
-    assert deep.body == {"model": "m", "_switchyard": "body not encodable"}
+    assert deep.body == {"model": "m", "_turnout": "body not encodable"}
     assert deep.resp is not None  # the rest of the record stays, and the prompt's size
     assert deep.resp.prompt_tokens == count_chat(_BODY["messages"])  # type: ignore[arg-type]
     assert deep.route is not None and deep.route.backend == "vllm"
@@ -219,7 +219,7 @@ async def test_text_that_is_not_utf8_is_written_replaced_and_counted(tmp_path: P
     w.record(_entry("bad\udcff", {"model": "m", "prompt": "a\ud800b"}))
     await w.aclose()
     (rec,) = (parse_line(line) for line in _lines(path))
-    assert rec.custom_id == "bad?" and rec.body["_switchyard"] == "body not encodable"
+    assert rec.custom_id == "bad?" and rec.body["_turnout"] == "body not encodable"
     assert counts.degraded == ["unencodable"]
 
 
@@ -335,7 +335,7 @@ async def test_an_unwritable_path_fails_at_start(tmp_path: Path) -> None:
 
 
 async def test_two_workers_share_one_rotating_file(tmp_path: Path) -> None:
-    """`router serve --workers 2`: two writers (two sinks) on one path, rotation included."""
+    """`turnout serve --workers 2`: two writers (two sinks) on one path, rotation included."""
     path = tmp_path / "cap.jsonl"
     settings = CaptureSettings(path=str(path), rotate_bytes=3000)
     writers = [_writer(settings) for _ in range(2)]

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from common.capture import CaptureRecord
 from replay.client import Client, encode_body
 from tests.replay.served import served
+from turnout.common.capture import CaptureRecord
 
 
 def _event(doc: bytes) -> bytes:
@@ -21,8 +21,8 @@ def _event(doc: bytes) -> bytes:
 
 async def _stream(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-    resp.headers["x-switchyard-backend"] = "b1"
-    resp.headers["x-switchyard-class"] = "interactive"
+    resp.headers["x-turnout-backend"] = "b1"
+    resp.headers["x-turnout-class"] = "interactive"
     await resp.prepare(request)
     await resp.write(_event(b'{"choices":[{"delta":{"role":"assistant","content":""}}]}'))
     for tok in (b"Hel", b"lo", b"!"):

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from common.capture import CaptureRecord, dump_line
 from replay.merge import merge_results
 from replay.replayer import Replayer, ReplayOptions, build_report
 from replay.report import render_tables
 from tests.replay.served import served
+from turnout.common.capture import CaptureRecord, dump_line
 
 SHADOW_DELAY = 0.15  # the shadow answers this much later than the target
 REQUESTS = 6

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.capture import CaptureRecord
 from replay.plan import Plan, PlanOptions, dry_run
 from replay.sources import Item
+from turnout.common.capture import CaptureRecord
 
 
 def _items(offsets_ms: list[float | None]) -> list[Item]:

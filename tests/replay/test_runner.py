@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from common.capture import CaptureRecord
 from replay.plan import Plan, PlanOptions
 from replay.runner import Runner
 from replay.sources import Item
+from turnout.common.capture import CaptureRecord
 
 from .vtime import VirtualTime
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from common.tokens import MESSAGE_OVERHEAD
 from emulator.profiles import load_profile
 from replay.client import Result
 from replay.plan import Plan, PlanOptions
@@ -19,6 +18,7 @@ from router.cli import default_config_path
 from router.config.parse import load_document, parse_config
 from tests.procs import run_replay, start_emulator
 from tests.replay.test_simulate import Recorder, recorder_config
+from turnout.common.tokens import MESSAGE_OVERHEAD
 
 
 def _write(tmp_path: Path, rows: list[dict[str, Any]], name: str = "t.jsonl") -> Path:

@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from benchmarks.mixed_sim import Cell, Figures, Seen, run_in
-from common.capture import CaptureRecord
 from emulator.profiles import ENGINES_DIR
 from policies.base import Policy
 from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo, Slo
@@ -20,6 +19,7 @@ from replay.simulate.world import World
 from replay.sources import Item, Synth
 from router.cli import default_config_path
 from router.config.parse import load_document, parse_config
+from turnout.common.capture import CaptureRecord
 
 WORKERS, EACH = 3, 4
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from common.capture import CaptureRecord, Response, dump_line
 from replay.sources import Source, SourceError, detect_format
 from tests.fixtures import AZURE, BURSTGPT, MOONCAKE, OPENAI_BATCH
+from turnout.common.capture import CaptureRecord, Response, dump_line
 
 
 @pytest.mark.parametrize(

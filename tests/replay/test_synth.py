@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.tokens import count_chat
 from replay.sources import BLOCK_TOKENS, Synth
 from replay.synth import Calibration, PromptSynth, calibrate
+from turnout.common.tokens import count_chat
 
 
 @settings(max_examples=60, deadline=None)

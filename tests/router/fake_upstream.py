@@ -1,7 +1,7 @@
 """An in-process fake engine and an in-process router, for fast tests of the request path.
 
 Both are real aiohttp servers on loopback sockets in the test's own event loop: the router
-app is built by ``router.app.build_app`` exactly as ``router serve`` builds it, only not in
+app is built by ``router.app.build_app`` exactly as ``turnout serve`` builds it, only not in
 a separate process. The fake engine answers the routes the router's health monitor probes
 and a scripted chat endpoint whose streams can be held open until a test releases them.
 """
@@ -183,7 +183,7 @@ async def in_process_router(
             backend["url"] = urls.get(backend.get("url"), backend.get("url"))
         path = write_config(tmp_path, doc)
         app = build_app(load_config(path), config_path=path)
-        # The router's own server (guarded site, handler cancellation), as `router serve` runs.
+        # The router's own server (guarded site, handler cancellation), as `turnout serve` runs.
         served = await serve(app, listen_socket("127.0.0.1", 0))
         stack.push_async_callback(served.runner.cleanup)
         yield InProcess(app, served.url, engine, path, served)

@@ -17,7 +17,7 @@ import yaml
 
 from tests.procs import Process, start_process
 
-READY = "router listening on"
+READY = "turnout listening on"
 
 
 def base_config(backends: Sequence[tuple[str, str, str]], **overrides: Any) -> dict[str, Any]:
@@ -55,9 +55,9 @@ def start_router(
     timeout: float = 30.0,
     lines: list[str] | None = None,
 ) -> Iterator[Process]:
-    """``python -m router serve --port 0`` (the embedded default when ``config`` is None);
+    """``python -m turnout serve --port 0`` (the embedded default when ``config`` is None);
     its stdout lines (the access log) go to ``lines`` if given."""
-    argv = [sys.executable, "-m", "router", "serve", "--port", "0", *args]
+    argv = [sys.executable, "-m", "turnout", "serve", "--port", "0", *args]
     if config is not None:
         argv += ["--config", str(config)]
     with start_process(argv, READY, timeout, lines=lines) as proc:

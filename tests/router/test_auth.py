@@ -103,8 +103,8 @@ def test_admin_key() -> None:
 @pytest.mark.parametrize(
     ("protect_metrics", "path", "admin"),
     [
-        (False, "/switchyard/backends", True),
-        (False, "/switchyard/reload", True),
+        (False, "/turnout/backends", True),
+        (False, "/turnout/reload", True),
         (False, "/metrics", False),
         (True, "/metrics", True),
         (True, "/health", False),

@@ -130,7 +130,7 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     good = write_config(tmp_path, GOOD, "good.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"backends": [{"name": "a"}], "policies": {}}))
-    argv = [sys.executable, "-m", "router", "check-config"]
+    argv = [sys.executable, "-m", "turnout", "check-config"]
     ok = subprocess.run([*argv, str(good)], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
     res = subprocess.run([*argv, str(bad)], capture_output=True, text=True, timeout=60)
@@ -157,7 +157,7 @@ def test_check_config_warns_about_unset_key_variables(tmp_path: Path) -> None:
     doc["backends"][0]["api_key_env"] = "SY_TEST_UNSET_BACKEND_KEY"
     doc["api_keys"] = [{"name": "k", "env": "SY_TEST_UNSET_CLIENT_KEY"}]
     path = write_config(tmp_path, doc)
-    argv = [sys.executable, "-m", "router", "check-config", str(path)]
+    argv = [sys.executable, "-m", "turnout", "check-config", str(path)]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0
     assert "warning: backends[0].api_key_env: $SY_TEST_UNSET_BACKEND_KEY is not set" in res.stderr

@@ -92,7 +92,7 @@ def test_unreadable_paths_are_config_errors(tmp_path: Path) -> None:
 def test_check_config_exits_2_for_a_file_that_is_not_utf8(tmp_path: Path) -> None:
     path = tmp_path / "router.yaml"
     path.write_bytes(NOT_YAML_TEXT["not UTF-8"])
-    argv = [sys.executable, "-m", "router", "check-config", str(path)]
+    argv = [sys.executable, "-m", "turnout", "check-config", str(path)]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2, res.stderr
     assert "not UTF-8 text" in res.stderr and "Traceback" not in res.stderr
@@ -103,7 +103,7 @@ async def test_reload_answers_400_without_values_and_keeps_the_config(tmp_path: 
     async with TestClient(TestServer(build_app(load_config(path), config_path=path))) as client:
 
         async def reload() -> tuple[int, str]:
-            async with client.post("/switchyard/reload") as reply:
+            async with client.post("/turnout/reload") as reply:
                 return reply.status, (await reply.json())["error"]["message"]
 
         path.write_bytes(NOT_YAML_TEXT["not UTF-8"])
@@ -126,5 +126,5 @@ async def test_reload_answers_400_without_values_and_keeps_the_config(tmp_path: 
         assert status == 400
         for key in ("default_policy:", "policies.p.params.backend:", "api_keys[0].file:"):
             assert key in message
-        async with client.get("/switchyard/policies") as reply:
+        async with client.get("/turnout/policies") as reply:
             assert {p["name"] for p in await reply.json()} == set(GOOD["policies"])

@@ -85,7 +85,7 @@ async def test_a_stream_is_relayed_and_the_usage_the_router_asked_for_is_strippe
         await asyncio.sleep(0)  # the handler's finally runs right after the last chunk
         assert backend_figures(ip) == (0, 0)
         metrics = ip.app[STATE].metrics.render().decode()
-        assert 'switchyard_requests_total{backend="fake",class="interactive"' in metrics
+        assert 'turnout_requests_total{backend="fake",class="interactive"' in metrics
 
 
 async def test_the_lease_counts_the_request_until_its_stream_ends(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ async def test_the_lease_counts_the_request_until_its_stream_ends(tmp_path: Path
         assert inflight == 1 and prompt == 0  # prefilled: its prompt no longer waits
         engine.release.set()
         assert b"[DONE]" in await resp.read()
-        assert resp.headers["X-Switchyard-Backend"] == "fake"
+        assert resp.headers["X-Turnout-Backend"] == "fake"
         await asyncio.sleep(0)
         assert backend_figures(ip) == (0, 0)
 
@@ -157,8 +157,8 @@ async def test_a_json_answer_is_passed_whole_with_the_routers_headers(tmp_path: 
         resp = await chat(s, ip, max_tokens=4)
         doc = await resp.json()
         assert resp.status == 200 and doc["choices"][0]["message"]["content"] == "hi there"
-        assert resp.headers["X-Switchyard-Class"] == "interactive"
-        assert resp.headers["X-Switchyard-Policy"] == "class-split"
+        assert resp.headers["X-Turnout-Class"] == "interactive"
+        assert resp.headers["X-Turnout-Policy"] == "class-split"
         assert "stream_options" not in ip.engine.bodies[0]
         await asyncio.sleep(0)
         assert backend_figures(ip) == (0, 0)
@@ -171,7 +171,7 @@ async def test_a_body_of_megabytes_is_understood_off_the_event_loop(tmp_path: Pa
         resp = await chat(s, ip, messages=[{"role": "user", "content": words}], max_tokens=4)
         assert resp.status == 200, await resp.text()
         assert ip.engine.bodies[-1]["messages"][0]["content"] == words
-        assert resp.headers["X-Switchyard-Class"] == "interactive"
+        assert resp.headers["X-Turnout-Class"] == "interactive"
         await asyncio.sleep(0)
         assert backend_figures(ip) == (0, 0)
 
@@ -191,20 +191,20 @@ async def test_a_mirrored_request_reaches_the_shadow_and_the_client_gets_the_liv
         resp = await s.post(
             f"{ip.url}/v1/chat/completions",
             data=orjson.dumps({"model": MODEL, "messages": CHAT, "max_tokens": 4}),
-            headers={"X-Switchyard-Policy": "mirrored", "X-Request-Id": "r-1"},
+            headers={"X-Turnout-Policy": "mirrored", "X-Request-Id": "r-1"},
         )
-        assert resp.status == 200 and resp.headers["X-Switchyard-Backend"] == "fake"
+        assert resp.status == 200 and resp.headers["X-Turnout-Backend"] == "fake"
         for _ in range(200):
             if shadow.bodies:
                 break
             await asyncio.sleep(0.01)
         assert [h["X-Request-Id"] for h in shadow.headers] == ["r-1-shadow"]
         assert len(ip.engine.bodies) == 1  # the live engine served it once
-        assert shadow.headers[0]["User-Agent"] == "switchyard"  # no versions upstream either
+        assert shadow.headers[0]["User-Agent"] == "turnout"  # no versions upstream either
         await asyncio.sleep(0.05)  # the shadow's own bookkeeping after its answer
         metrics = ip.app[STATE].metrics.render().decode()
-        assert 'switchyard_shadow_requests_total{backend="shadow"' in metrics
-        assert 'switchyard_requests_total{backend="shadow"' not in metrics
+        assert 'turnout_shadow_requests_total{backend="shadow"' in metrics
+        assert 'turnout_requests_total{backend="shadow"' not in metrics
 
 
 async def test_probes_take_a_failing_backend_out_and_bring_it_back(tmp_path: Path) -> None:

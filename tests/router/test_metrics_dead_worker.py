@@ -26,7 +26,7 @@ metrics = Metrics(workers_dir=directory)
 def queued():
     text = metrics.render().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("switchyard_admission_queue_length{"))
+               if line.startswith("turnout_admission_queue_length{"))
 
 pid = os.fork()
 if pid == 0:  # the worker that dies with two requests queued

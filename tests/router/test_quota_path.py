@@ -68,27 +68,27 @@ async def test_an_answer_without_usage_is_charged_what_was_relayed(tmp_path: Pat
 async def test_a_keys_class_and_policy_win_over_headers(tmp_path: Path) -> None:
     doc = keyed_config(**{"class": "batch", "policy": "class-split"})
     async with in_process_router(tmp_path, doc) as ip, aiohttp.ClientSession() as s:
-        claims = {"X-Request-Class": "interactive", "X-Switchyard-Policy": "round-robin"}
+        claims = {"X-Request-Class": "interactive", "X-Turnout-Policy": "round-robin"}
         resp = await post(s, ip, claims, max_tokens=4)
         assert resp.status == 200
-        assert resp.headers["X-Switchyard-Class"] == "batch"
-        assert resp.headers["X-Switchyard-Policy"] == "class-split"
+        assert resp.headers["X-Turnout-Class"] == "batch"
+        assert resp.headers["X-Turnout-Policy"] == "class-split"
 
 
 async def test_a_key_that_allows_overrides_follows_the_headers(tmp_path: Path) -> None:
     doc = keyed_config(**{"class": "batch", "allow_overrides": True})
     async with in_process_router(tmp_path, doc) as ip, aiohttp.ClientSession() as s:
-        claims = {"X-Request-Class": "interactive", "X-Switchyard-Policy": "round-robin"}
+        claims = {"X-Request-Class": "interactive", "X-Turnout-Policy": "round-robin"}
         resp = await post(s, ip, claims, max_tokens=4)
-        assert resp.headers["X-Switchyard-Class"] == "interactive"
-        assert resp.headers["X-Switchyard-Policy"] == "round-robin"
+        assert resp.headers["X-Turnout-Class"] == "interactive"
+        assert resp.headers["X-Turnout-Policy"] == "round-robin"
 
 
 async def test_a_reload_resets_no_bucket(tmp_path: Path) -> None:
     doc = keyed_config(requests_per_minute=1)
     async with in_process_router(tmp_path, doc) as ip, aiohttp.ClientSession() as s:
         assert (await post(s, ip, max_tokens=4)).status == 200
-        reload = await s.post(f"{ip.url}/switchyard/reload")  # loopback: allowed without keys
+        reload = await s.post(f"{ip.url}/turnout/reload")  # loopback: allowed without keys
         assert reload.status == 200, await reload.text()
         assert (await post(s, ip, max_tokens=4)).status == 429
 

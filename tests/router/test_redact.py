@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.tokens import count_chat, count_text, response_messages
 from router.config.model import Redaction
 from router.observe.redact import hash_text, prompt_size, redact, redact_error
+from turnout.common.tokens import count_chat, count_text, response_messages
 
 KEY = bytes(range(32))
 MODES: tuple[Redaction, ...] = ("hash", "drop")

@@ -50,10 +50,10 @@ async def test_typed_events_are_relayed_and_metered_from_the_last_event(tmp_path
         assert engine.bodies[0]["input"] == "hello"
         assert "stream_options" not in engine.bodies[0]  # usage comes without asking
         # TTFT once; TPOT and output tokens from response.completed's usage.
-        assert _sample(ip, "switchyard_time_to_first_token_seconds_count") == 1
-        assert _sample(ip, "switchyard_time_per_output_token_seconds_count") == 1
-        assert _sample(ip, "switchyard_output_tokens_total") == 3
-        assert _sample(ip, "switchyard_prompt_tokens_total") == 7
+        assert _sample(ip, "turnout_time_to_first_token_seconds_count") == 1
+        assert _sample(ip, "turnout_time_per_output_token_seconds_count") == 1
+        assert _sample(ip, "turnout_output_tokens_total") == 3
+        assert _sample(ip, "turnout_prompt_tokens_total") == 7
 
 
 async def _read(ip: InProcess, seen: list[ResponseStreamEvent]) -> None:
@@ -73,8 +73,8 @@ async def test_a_stream_without_usage_is_still_served_and_timed(tmp_path: Path) 
         await _read(ip, seen)
         deltas = [e.delta for e in seen if e.type == "response.output_text.delta"]
         assert "".join(deltas) == "a b c"
-        assert _sample(ip, "switchyard_time_to_first_token_seconds_count") == 1
-        assert _sample(ip, "switchyard_stream_aborts_total") == 0
+        assert _sample(ip, "turnout_time_to_first_token_seconds_count") == 1
+        assert _sample(ip, "turnout_stream_aborts_total") == 0
 
 
 async def test_a_stream_cut_before_response_completed_ends_with_an_error(tmp_path: Path) -> None:
@@ -84,10 +84,10 @@ async def test_a_stream_cut_before_response_completed_ends_with_an_error(tmp_pat
             await _read(ip, seen)
         assert seen[-1].type == "response.output_text.done"  # whole events before the error
         for _ in range(50):  # the handler's bookkeeping runs after the client's last byte
-            if _sample(ip, "switchyard_stream_aborts_total") == 1:
+            if _sample(ip, "turnout_stream_aborts_total") == 1:
                 break
             await asyncio.sleep(0.01)
-        assert _sample(ip, "switchyard_stream_aborts_total") == 1
+        assert _sample(ip, "turnout_stream_aborts_total") == 1
 
 
 @pytest.mark.parametrize(
@@ -130,10 +130,10 @@ async def test_tpot_of_n_choices_is_per_choice(tmp_path: Path) -> None:
         chunks = [c async for c in stream]
         await client.close()
         assert {c.choices[0].index for c in chunks if c.choices} == {0, 1, 2}
-        assert _sample(ip, "switchyard_output_tokens_total") == 6
-        assert _sample(ip, "switchyard_time_per_output_token_seconds_count") == 1
+        assert _sample(ip, "turnout_output_tokens_total") == 6
+        assert _sample(ip, "turnout_time_per_output_token_seconds_count") == 1
         # Over all six tokens it would be about 0.2 / 5; per choice it is at least 0.2.
-        assert _sample(ip, "switchyard_time_per_output_token_seconds_sum") >= 0.2
+        assert _sample(ip, "turnout_time_per_output_token_seconds_sum") >= 0.2
 
 
 @pytest.mark.parametrize(

@@ -85,14 +85,14 @@ async def test_a_request_is_a_span_tree_continued_upstream(
             )  # fmt: skip
             assert [c async for c in stream]
     spans = by_name(exporter.get_finished_spans())
-    assert set(spans) == {f"chat {MODEL}", "switchyard.classify", "switchyard.pick"}
+    assert set(spans) == {f"chat {MODEL}", "turnout.classify", "turnout.pick"}
     root, attempt = sorted(spans[f"chat {MODEL}"], key=lambda s: s.kind != SpanKind.SERVER)
     assert root.kind == SpanKind.SERVER and attempt.kind == SpanKind.CLIENT
     assert root.context is not None and attempt.context is not None
     # The root continues the client's trace; every other span is the root's child.
     assert f"{root.context.trace_id:032x}" == CLIENT_TRACE
     assert root.parent is not None and f"{root.parent.span_id:016x}" == CLIENT_SPAN
-    for child in (attempt, spans["switchyard.classify"][0], spans["switchyard.pick"][0]):
+    for child in (attempt, spans["turnout.classify"][0], spans["turnout.pick"][0]):
         assert child.parent is not None and child.parent.span_id == root.context.span_id
         assert child.context is not None and child.context.trace_id == root.context.trace_id
     # The engine saw the attempt's context, not the client's, and the client's tracestate.
@@ -111,11 +111,11 @@ async def test_a_request_is_a_span_tree_continued_upstream(
             "gen_ai.response.finish_reasons": ("stop",),
             "http.request.method": "POST",
             "http.response.status_code": 200,
-            "switchyard.policy": "class-split",
-            "switchyard.class": "interactive",
-            "switchyard.backend": "fake",
-            "switchyard.attempts": 1,
-            "switchyard.reason": "ok",
+            "turnout.policy": "class-split",
+            "turnout.class": "interactive",
+            "turnout.backend": "fake",
+            "turnout.attempts": 1,
+            "turnout.reason": "ok",
         }.items()
     )
     port = int(ip.app[STATE].config.backends[0].url.rsplit(":", 1)[1])
@@ -126,16 +126,16 @@ async def test_a_request_is_a_span_tree_continued_upstream(
             "gen_ai.request.model": MODEL,
             "server.address": "127.0.0.1",
             "server.port": port,
-            "switchyard.backend": "fake",
+            "turnout.backend": "fake",
             "http.response.status_code": 200,
             "gen_ai.usage.output_tokens": 2,
         }.items()
     )
-    assert attr(spans["switchyard.classify"][0], "switchyard.class") == "interactive"
-    assert attr(spans["switchyard.pick"][0], "switchyard.ranked") == ("fake",)
+    assert attr(spans["turnout.classify"][0], "turnout.class") == "interactive"
+    assert attr(spans["turnout.pick"][0], "turnout.ranked") == ("fake",)
     assert root.status.status_code == attempt.status.status_code == StatusCode.UNSET
     # Ordered in time: classification, then the pick, then the attempt, all within the root.
-    cls, pick = spans["switchyard.classify"][0], spans["switchyard.pick"][0]
+    cls, pick = spans["turnout.classify"][0], spans["turnout.pick"][0]
     assert root.start_time is not None and root.end_time is not None
     assert root.start_time <= cls.start_time <= cls.end_time <= pick.start_time  # type: ignore[operator]
     assert pick.end_time <= attempt.start_time <= attempt.end_time <= root.end_time  # type: ignore[operator]
@@ -157,9 +157,9 @@ async def test_each_failed_attempt_is_an_error_span_of_its_own(
     spans = exporter.get_finished_spans()
     attempts = sorted(
         (s for s in spans if s.kind == SpanKind.CLIENT),
-        key=lambda s: attr(s, "switchyard.attempt"),
+        key=lambda s: attr(s, "turnout.attempt"),
     )
-    assert [attr(a, "switchyard.backend") for a in attempts] == ["broken", "fake"]
+    assert [attr(a, "turnout.backend") for a in attempts] == ["broken", "fake"]
     first, second = attempts
     assert first.status.status_code == StatusCode.ERROR
     assert attr(first, "error.type") == "503"
@@ -169,7 +169,7 @@ async def test_each_failed_attempt_is_an_error_span_of_its_own(
     for seen, span in ((seen_broken, first), (seen_fake, second)):
         assert seen["traceparent"] == traceparent(span)
     (root,) = [s for s in spans if s.kind == SpanKind.SERVER]
-    assert attr(root, "switchyard.attempts") == 2
+    assert attr(root, "turnout.attempts") == 2
     assert root.status.status_code == StatusCode.UNSET  # served after the failover
 
 
@@ -184,9 +184,9 @@ async def test_a_rejection_is_a_root_span_with_its_reason(
             with pytest.raises(openai.NotFoundError):
                 await client.chat.completions.create(model="no-such-model", messages=CHAT)
     spans = by_name(exporter.get_finished_spans())
-    assert set(spans) == {"chat no-such-model", "switchyard.classify"}
+    assert set(spans) == {"chat no-such-model", "turnout.classify"}
     (root,) = spans["chat no-such-model"]
-    assert attr(root, "switchyard.reason") == "unknown_model"
+    assert attr(root, "turnout.reason") == "unknown_model"
     assert attr(root, "http.response.status_code") == 404
     assert root.status.status_code == StatusCode.UNSET  # the client's error, not the service's
     assert not ip.engine.bodies

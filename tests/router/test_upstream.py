@@ -26,7 +26,7 @@ def test_upstream_headers_pass_only_the_standard_ones_and_credentials_stay() -> 
             "Accept": "application/json",
             "Accept-Encoding": "gzip",
             "Expect": "100-continue",
-            "X-Switchyard-Policy": "p",
+            "X-Turnout-Policy": "p",
             "X-Request-Class": "batch",
             "X-Request-Id": "old",
             "User-Agent": "OpenAI/Python",
@@ -74,10 +74,10 @@ def test_downstream_headers_keep_end_to_end_and_add_router_headers() -> None:
             "Cache-Control": "no-cache",
         }
     )
-    out = downstream_headers(upstream, {"X-Request-Id": "rid", "X-Switchyard-Backend": "b"})
+    out = downstream_headers(upstream, {"X-Request-Id": "rid", "X-Turnout-Backend": "b"})
     assert dict(out) == {
         "Content-Type": "text/event-stream",
         "Cache-Control": "no-cache",
         "X-Request-Id": "rid",
-        "X-Switchyard-Backend": "b",
+        "X-Turnout-Backend": "b",
     }

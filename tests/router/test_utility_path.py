@@ -20,6 +20,6 @@ async def test_an_engine_answer_that_is_not_openai_json_is_replaced(tmp_path: Pa
         session.post(f"{ip.url}/tokenize", json={"model": MODEL, "prompt": "hi"}) as resp,
     ):
         body = await resp.json()
-        assert resp.status == 404 and resp.headers["X-Switchyard-Backend"] == "fake"
+        assert resp.status == 404 and resp.headers["X-Turnout-Backend"] == "fake"
     assert body["error"]["code"] == "upstream_error" and "fake" in body["error"]["message"]
     assert ip.app[STATE].pool.by_name["fake"].inflight == 0  # the lease was given back

@@ -67,7 +67,7 @@ async def test_a_connection_goes_to_aiohttp_for_another_route_and_stays_there(
         writer.write(chat())
         (status, headers), body = await answer(reader)
         assert status == 200 and orjson.loads(body)["choices"]
-        assert headers["server"] == "switchyard" and "x-request-id" in headers
+        assert headers["server"] == "turnout" and "x-request-id" in headers
         assert connections.lean == 1
         writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         (status, _), body = await answer(reader)

@@ -1,4 +1,4 @@
-"""`replay` console script: ``replay FILE [options]`` and ``replay convert FILE -o CAPTURE``."""
+"""`replay` (also `turnout replay`): ``replay FILE [options]`` and its subcommands."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import uvloop
 
-from common.capture import dump_line
 from replay.html import collect_samples, render_html
 from replay.merge import main as merge_main
 from replay.plan import Plan, PlanOptions, dry_run
@@ -20,6 +19,7 @@ from replay.replayer import Replayer, ReplayOptions, build_report, dumps_report
 from replay.report import render_tables
 from replay.sources import FORMATS, SESSION_MODES, Format, Source, SourceError, detect_format
 from replay.synth import PromptSynth
+from turnout.common.capture import dump_line
 
 
 def _window(text: str) -> tuple[float, float | None]:
@@ -232,7 +232,3 @@ def main(argv: list[str] | None = None) -> int:
     if a.html:
         Path(a.html).write_text(render_html(report, collect_samples(runs)), encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from common.outcome import BAD, JSON_WS, LAST_TYPES, Outcome, error_object, has_content
+from turnout.common.outcome import BAD, JSON_WS, LAST_TYPES, Outcome, error_object, has_content
 
 MAX_EVENT_SIZE = 1 << 20
 """Default for :class:`StreamMeter`'s ``max_event_size``: 1 MiB."""
@@ -162,10 +162,11 @@ class StreamMeter(Outcome):
     abort the upstream as a failed backend and end the client's stream with an error event
     (what was returned before is whole events, so that error event is received cleanly).
 
-    **Untrusted.** What the events say is read and checked by :class:`common.outcome.Outcome`
-    (malformed fields are counted in :attr:`protocol_errors`, never raised). Counts are per
-    event read (an event is read only if it may matter, so a malformed event
-    after the first content that names none of those keys goes unnoticed, and unharmed).
+    **Untrusted.** What the events say is read and checked by
+    :class:`turnout.common.outcome.Outcome` (malformed fields are counted in
+    :attr:`protocol_errors`, never raised). Counts are per event read (an event is read only
+    if it may matter, so a malformed event after the first content that names none of those
+    keys goes unnoticed, and unharmed).
 
     ``strip_usage``: drop the usage-only event (a non-null ``usage`` and ``choices`` empty or
     absent) from what :meth:`feed` returns, for when the router asked the engine for usage on

@@ -1,10 +1,10 @@
-"""``emulator`` console script: serve one emulated engine over HTTP.
+"""``turnout emulator``: serve one emulated engine over HTTP.
 
-    emulator --profile vllm|deepinfer|PATH.yaml [--host 127.0.0.1] [--port 8000]
-             [--model NAME] [--time-scale X] [--seed N] [--set KEY=VALUE]...
-             [--error-rate R] [--error-status 429|500|503] [--drop-after K] [--stall T]
-             [--max-waiting N] [--ssl-certfile PEM --ssl-keyfile PEM [--ssl-ca-certs PEM
-             --ssl-cert-reqs 2]]
+    turnout emulator --profile vllm|deepinfer|PATH.yaml [--host 127.0.0.1] [--port 8000]
+                     [--model NAME] [--time-scale X] [--seed N] [--set KEY=VALUE]...
+                     [--error-rate R] [--error-status 429|500|503] [--drop-after K] [--stall T]
+                     [--max-waiting N] [--ssl-certfile PEM --ssl-keyfile PEM [--ssl-ca-certs PEM
+                     --ssl-cert-reqs 2]]
 
 ``--set`` overrides any profile key (``--set kv_cache_tokens=4096``, ``--set
 scheduling_policy=priority``); the fault flags override the profile's ``faults``. Once the
@@ -32,8 +32,14 @@ from emulator.server import ServerOptions, build_app
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="emulator", description="Emulated LLM inference engine.")
-    p.add_argument("--profile", required=True, help="name under config/engines/ or a YAML path")
+    p = argparse.ArgumentParser(
+        prog="turnout emulator", description="Emulated LLM inference engine."
+    )
+    p.add_argument(
+        "--profile",
+        required=True,
+        help="name of a bundled profile (vllm, deepinfer) or a YAML path",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 binds a free port")
     p.add_argument("--model", help="served model name (default: the profile's)")
@@ -131,7 +137,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The documented token-counting rule shared by the emulator, the router and the replayer.
 
 Real engines count with their model's tokenizer; we have none on a CPU box, so every part of
-Switchyard that needs a token count uses this rule instead:
+Turnout that needs a token count uses this rule instead:
 
 * text: one token per run of word characters (``\\w+``) and one per other non-space
   character (punctuation, symbols). ``"Hello, world!"`` is 4 tokens.

@@ -176,7 +176,7 @@ def record_from_dict(doc: Mapping[str, Any]) -> CaptureRecord:
     if version > SCHEMA_VERSION:
         raise CaptureFormatError(
             f"v: capture schema version {version} is newer than this build reads "
-            f"({SCHEMA_VERSION}); upgrade switchyard to read it"
+            f"({SCHEMA_VERSION}); upgrade turnout to read it"
         )
     custom_id = doc.get("custom_id")
     url = doc.get("url")

@@ -3,7 +3,7 @@
 :class:`Outcome` reads parsed events of a stream (chat and completions chunks, the Responses
 API's typed events) and whole non-streamed bodies, and keeps only those fields. Every field is
 checked, since the upstream is not trusted: one that is malformed is ignored and counted in
-:attr:`Outcome.protocol_errors`, never raised. :class:`common.sse.StreamMeter` builds on it,
+:attr:`Outcome.protocol_errors`, never raised. :class:`turnout.common.sse.StreamMeter` builds on it,
 adding the framing of the byte stream and its timing.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from common.tokens import count_text, message_text
+from turnout.common.tokens import count_text, message_text
 
 PROTOCOL_ERRORS = ("event_too_large", "bad_json", "bad_utf8", "bad_usage", "bad_finish_reason")
 """The kinds :attr:`Outcome.protocol_errors` counts (the first is the framing's)."""
