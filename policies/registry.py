@@ -111,12 +111,11 @@ def _pinned(name: str, p: Reader, ctx: BuildContext) -> Policy:
     elif backend is not None:
         names = frozenset(b.name for b in ctx.backends if b.name == backend)
         if not names:
-            known = ", ".join(b.name for b in ctx.backends)
-            p.error("backend", f"unknown backend {backend!r} (known: {known})")
-    else:
+            p.error("backend", unknown(backend, [b.name for b in ctx.backends], "backend"))
+    elif engine is not None:
         names = frozenset(b.name for b in ctx.backends if b.engine == engine)
         if not names:
-            p.error("engine", f"unknown engine {engine!r} (known: {', '.join(ctx.engines)})")
+            p.error("engine", unknown(engine, ctx.engines, "engine"))
     return PipelinePolicy(
         name,
         "pinned",
@@ -172,7 +171,7 @@ def _plugin(
     if kind in table:
         return table[kind](Reader.of(raw_params, params_path, errors), ctx), weight
     if ":" not in kind:
-        spec.error("type", unknown(kind, table))
+        spec.error("type", unknown(kind, table, "plugin type"))
         return None
     factory = _load_external(kind, join(path, "type"), errors)
     if factory is None:
@@ -276,7 +275,7 @@ def build_policy(
     elif ":" in type:
         policy = _external_policy(name, type, p.raw, ctx, errors)
     else:
-        errors.append(("type", unknown(type, POLICY_TYPES)))
+        errors.append(("type", unknown(type, POLICY_TYPES, "policy type")))
     if errors or policy is None:  # every way to None records an error: never an empty list
         raise PolicyConfigError(errors)
     return policy

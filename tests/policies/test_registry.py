@@ -162,14 +162,15 @@ def test_pipeline_defaults_to_max_score_with_no_scorers() -> None:
 @pytest.mark.parametrize(
     ("policy_type", "params", "errors"),
     [
-        ("least-qeue", {}, [("type", "unknown 'least-qeue' (known: ")]),
+        ("least-qeue", {}, [("type", "unknown policy type 'least-qeue' (known: ")]),
+        ("adaptve", {}, [("type", "unknown policy type 'adaptve' (did you mean 'adaptive'?)")]),
         (
             "class-split",
             {"interactive": ["vlm"], "batch": "deepinfer", "extra": 1},
             [
                 (
                     "params.interactive[0]",
-                    "unknown backend or engine 'vlm' (known: deepinfer, vllm, vllm-2)",
+                    "unknown backend or engine 'vlm' (did you mean 'vllm'?)",
                 ),
                 ("params.extra", "unknown key"),
                 ("params.batch", "expected a list of strings, got string"),
@@ -214,6 +215,11 @@ def test_pipeline_defaults_to_max_score_with_no_scorers() -> None:
         ),
         ("pinned", {"backend": "x"}, [("params.backend", "unknown backend 'x'")]),
         (
+            "pinned",
+            {"backend": "deepinfr"},
+            [("params.backend", "unknown backend 'deepinfr' (did you mean 'deepinfer'?)")],
+        ),
+        (
             "pipeline",
             {
                 "filters": [{"type": "members"}, {"type": "nope"}],
@@ -226,9 +232,12 @@ def test_pipeline_defaults_to_max_score_with_no_scorers() -> None:
             },
             [
                 ("params.filters[0].params.backends", "is required"),
-                ("params.filters[1].type", "unknown 'nope' (known: members, "),
+                ("params.filters[1].type", "unknown plugin type 'nope' (known: members, "),
                 ("params.scorers[0].weight", "-1 is below the minimum 0"),
-                ("params.scorers[1].type", "unknown 'least-qeue' (known: least-requests, "),
+                (
+                    "params.scorers[1].type",
+                    "unknown plugin type 'least-qeue' (did you mean 'least-requests'?)",
+                ),
                 ("params.scorers[2].typo", "unknown key"),
                 ("params.scorers[2].type", "is required"),
                 ("params.picker.params.x", "unknown key"),

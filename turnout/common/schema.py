@@ -8,13 +8,15 @@ fallback, so validation carries on and the user sees every problem at once.
 
 Messages say what kind of value was expected and what kind was found, never the value: a key
 pasted into the wrong field, or a URL with credentials, must not reach a log or an HTTP
-answer. Only names the config uses to refer to something it defines elsewhere (a plugin
-type, a backend, an engine, a policy) are quoted, beside the known ones, and numbers beside
-the bound they broke.
+answer. Only names are quoted: an unknown key, and a name the config uses to refer to
+something it defines elsewhere (a plugin type, a backend, an engine, a policy), each beside
+the nearest known one (a typo's likely fix) or else the known ones; and numbers beside the
+bound they broke.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, overload
@@ -52,9 +54,24 @@ def kind(value: object) -> str:
 
 
 def unknown(name: str, known: Iterable[str], what: str = "") -> str:
-    """``unknown backend 'x' (known: a, b)``, for a name the config refers to."""
+    """``unknown backend 'vlm' (did you mean 'vllm'?)`` when a known name is close to
+    ``name``, else ``unknown backend 'x' (known: a, b)``: for a name the config refers to, and
+    (``what="key"``) for a key nothing reads."""
     noun = f"{what} " if what else ""
-    return f"unknown {noun}{name!r} (known: {', '.join(known) or 'none'})"
+    names = list(known)
+    near = nearest(name, names)
+    if near is not None:
+        return f"unknown {noun}{name!r} (did you mean {near!r}?)"
+    return f"unknown {noun}{name!r} (known: {', '.join(names) or 'none'})"
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known name most like ``name`` (case aside), if one is close enough to be a typo."""
+    by_lower: dict[str, str] = {}
+    for k in known:
+        by_lower.setdefault(k.lower(), k)
+    match = difflib.get_close_matches(name.lower(), by_lower, n=1)
+    return by_lower[match[0]] if match else None
 
 
 @dataclass(slots=True)
@@ -210,7 +227,7 @@ class Reader:
         """Report every key that no read asked for."""
         for key in self.raw:
             if key not in self._seen:
-                self.error(key, f"unknown key (known: {', '.join(sorted(self._seen)) or 'none'})")
+                self.error(key, unknown(key, sorted(self._seen), "key"))
 
     def _value(self, key: str, required: bool) -> object:
         value = self.raw_value(key)
