@@ -44,6 +44,9 @@ def read_backends(top: Reader) -> tuple[BackendSpec, ...]:
             m.error("url", "is required (or give emulator or discover)")
         elif url and not _http_url(url):
             m.error("url", "expected an http(s) URL with a host")
+        elif url and (doubled := _doubled_v1(url)) is not None:
+            m.error("url", f"ends in /v1, which the router adds itself: it would call "
+                    f"{doubled}/chat/completions; drop the /v1")  # fmt: skip
         tls = _tls(m.child("tls")) if m.raw_value("tls") is not None else None
         if tls is not None:
             https = discover.scheme == "https" if discover is not None else url.startswith("https:")
@@ -91,6 +94,13 @@ def _http_url(url: str) -> bool:
         return parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
     except ValueError:
         return False
+
+
+def _doubled_v1(url: str) -> str | None:
+    """The path a request would go to when ``url`` already ends in ``/v1`` (the router
+    appends ``/v1/...`` to the base URL), else None; only the path is shown, not the host."""
+    path = urlsplit(url).path.rstrip("/")
+    return f"{path}/v1" if path.lower().endswith("/v1") else None
 
 
 def _emulator(m: Reader) -> EmulatorSpec:

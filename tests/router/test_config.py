@@ -245,3 +245,30 @@ def test_check_config_refuses_a_factory_that_builds_no_policy(
     assert check_config(write_config(tmp_path, doc)) == 2
     err = capsys.readouterr().err
     assert f"policies.custom.type: '{module.__name__}:make' did not return a Policy" in err
+
+
+def test_check_config_suggests_the_key_a_typo_meant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = base_config([("a", "vllm", "http://127.0.0.1:1")])
+    doc["backends"][0]["max_inflihgt"] = 4
+    doc["helth"] = {"interval": 1}
+    assert check_config(write_config(tmp_path, doc)) == 2
+    err = capsys.readouterr().err.splitlines()
+    typo = "unknown key 'max_inflihgt' (did you mean 'max_inflight'?)"
+    assert f"backends[0].max_inflihgt: {typo}" in err
+    assert "helth: unknown key 'helth' (did you mean 'health'?)" in err
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8000/v1", "http://10.0.0.5:8000/v1/"])
+def test_a_backend_url_ending_in_v1_is_refused_with_the_path_it_would_call(url: str) -> None:
+    errs = errors_of(base_config([("a", "vllm", url)]))
+    assert errs == {
+        "backends[0].url": "ends in /v1, which the router adds itself: it would call "
+        "/v1/v1/chat/completions; drop the /v1"
+    }
+    prefixed = errors_of(base_config([("a", "vllm", "https://gw.internal/team-a/v1")]))
+    assert "/team-a/v1/v1/chat/completions" in prefixed["backends[0].url"]
+    assert "gw.internal" not in prefixed["backends[0].url"]  # the path only, never the host
+    # A /v1 that is not the last segment is someone's prefix, not a doubled /v1.
+    assert parse_config(base_config([("a", "vllm", "http://h:1/v1/team")])).backends[0].url
