@@ -8,11 +8,22 @@ for the current cooldown. Half-open: once the cooldown has passed, exactly one r
 time is let through as a probe; its success closes the breaker and resets the cooldown, its
 failure opens it again for twice the previous cooldown (up to ``cooldown_max``), so a backend
 that keeps failing is tried less and less often.
+
+Each request gets a ticket when it starts (:meth:`Breaker.started`) and reports its outcome
+with it. The ticket names the breaker's state at the time (an epoch, moved on by every
+ejection and every closing), so an outcome decides only in the state its request was sent
+in: a request sent before an ejection neither closes nor re-opens the breaker when it ends
+after the cooldown, and only the half-open probe's own outcome moves the breaker out of
+half-open. Requests sent while the breaker is out other than as the probe (panic mode routes
+to ejected backends) get :data:`UNCOUNTED`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+UNCOUNTED = -1
+"""The ticket of a request whose outcome the breaker ignores."""
 
 
 class Breaker:
@@ -22,6 +33,7 @@ class Breaker:
         "_base",
         "_clock",
         "_cooldown",
+        "_epoch",
         "_failures",
         "_max",
         "_may_eject",
@@ -47,6 +59,7 @@ class Breaker:
         self._cooldown = cooldown
         self._failures = 0
         self._open_until: float | None = None
+        self._epoch = 0
         self.probing = False
         """A half-open probe request is in flight."""
         self.ejections = 0
@@ -69,27 +82,42 @@ class Breaker:
             return True
         return self._clock() >= self._open_until and not self.probing
 
-    def started(self) -> None:
-        """A request was sent; in half-open it is the probe."""
-        if self._open_until is not None:
-            self.probing = True
+    def started(self) -> int:
+        """A request was sent: its ticket for :meth:`ok`, :meth:`failed` and :meth:`ended`.
 
-    def ended(self) -> None:
-        """The request ended (its verdict, if any, comes through ok/failed)."""
-        self.probing = False
+        While the breaker is out, only the half-open probe gets a ticket that counts.
+        """
+        if self._open_until is None:
+            return self._epoch
+        if self.probing or self._clock() < self._open_until:
+            return UNCOUNTED
+        self.probing = True
+        return self._epoch
 
-    def ok(self) -> None:
-        self._failures = 0
-        # A request sent before the ejection proves nothing; only the half-open probe counts.
-        if self._open_until is not None and self._clock() >= self._open_until:
-            self._open_until = None
-            self._cooldown = self._base
+    def ended(self, ticket: int) -> None:
+        """The request of ``ticket`` ended (its verdict, if any, comes through ok/failed)."""
+        if ticket == self._epoch and self._open_until is not None:
+            self.probing = False  # the probe's: the next request may probe
 
-    def failed(self) -> None:
-        if self._open_until is not None:
-            if self._clock() >= self._open_until:  # the probe failed: back out, for longer
-                self._cooldown = min(self._cooldown * 2, self._max)
-                self._eject()
+    def ok(self, ticket: int) -> int:
+        """The request of ``ticket`` was answered properly; the ticket it holds from now on
+        (a probe that closed the breaker belongs to the new state: its later failure counts)."""
+        if ticket != self._epoch:
+            return ticket  # sent before the state changed (or not counted): proves nothing
+        if self._open_until is None:
+            self._failures = 0
+            return ticket
+        self._open_until = None  # the probe passed
+        self._cooldown = self._base
+        return self._next_epoch()
+
+    def failed(self, ticket: int) -> None:
+        """The request of ``ticket`` failed in a way that is the backend's."""
+        if ticket != self._epoch:
+            return
+        if self._open_until is not None:  # the probe failed: back out, for longer
+            self._cooldown = min(self._cooldown * 2, self._max)
+            self._eject()
             return
         self._failures += 1
         if self._failures >= self._threshold and self._may_eject():
@@ -99,6 +127,13 @@ class Breaker:
         self._failures = 0
         self.ejections += 1
         self._open_until = self._clock() + self._cooldown
+        self._next_epoch()
+
+    def _next_epoch(self) -> int:
+        """A change of state: every ticket handed out so far stops counting."""
+        self._epoch += 1
+        self.probing = False
+        return self._epoch
 
     @property
     def cooldown(self) -> float:

@@ -181,10 +181,11 @@ class BackendLease:
 
     Opened by :meth:`BackendState.lease` when an attempt starts; :meth:`release` (idempotent)
     when the attempt fails or the answer ends, however it ends. The breaker hears of the
-    attempt's fate through :meth:`ok` and :meth:`failed`.
+    attempt's fate through :meth:`ok` and :meth:`failed`, with the ticket it gave the attempt
+    when it started (so a verdict counts only in the breaker state it was sent in).
     """
 
-    __slots__ = ("_backend", "_output", "_prefilled", "_released", "_req")
+    __slots__ = ("_backend", "_output", "_prefilled", "_released", "_req", "_ticket")
 
     def __init__(self, backend: BackendState, req: RequestInfo) -> None:
         self._backend = backend
@@ -192,7 +193,7 @@ class BackendLease:
         self._output = req.expected_output_tokens
         self._prefilled = False
         self._released = False
-        backend.breaker.started()
+        self._ticket = backend.breaker.started()
         backend._count(1, req.prompt_tokens, self._output)
 
     @property
@@ -211,11 +212,11 @@ class BackendLease:
 
     def ok(self) -> None:
         """The backend answered properly: the breaker's run of failures ends."""
-        self._backend.breaker.ok()
+        self._ticket = self._backend.breaker.ok(self._ticket)
 
     def failed(self) -> None:
         """A failure that is the backend's (see the breaker): eject after enough in a row."""
-        self._backend.breaker.failed()
+        self._backend.breaker.failed(self._ticket)
 
     def release(self) -> None:
         """The attempt is over; later calls do nothing."""
@@ -223,7 +224,7 @@ class BackendLease:
             return
         self._released = True
         b, req = self._backend, self._req
-        b.breaker.ended()
+        b.breaker.ended(self._ticket)
         prompt = 0 if self._prefilled else req.prompt_tokens
         b._count(-1, -prompt, -self._output)
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
+from policies.types import RequestInfo
 from router.app import RELOADER, STATE, build_app, listen_socket, serve
 from router.backends.fleet import replica
 from router.backends.pool import BackendState, Pool
@@ -19,6 +20,8 @@ from router.config.parse import load_config, parse_config
 from tests.router.fake_upstream import FakeEngine
 from tests.router.harness import base_config, write_config
 from tests.router.rawserver import until
+
+REQ = RequestInfo("r", "chat", "chat", "interactive")
 
 
 class Steered:
@@ -121,7 +124,9 @@ def test_the_pool_treats_replicas_as_their_configured_backend() -> None:
 
     def fail(backend: BackendState) -> None:
         for _ in range(HealthSettings().failures_to_eject):
-            backend.breaker.failed()
+            lease = backend.lease(REQ)
+            lease.release()
+            lease.failed()
 
     fail(one)
     fail(two)  # half of two backends may be out: one
