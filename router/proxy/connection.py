@@ -49,6 +49,10 @@ class UpstreamTimeout(UpstreamError, TimeoutError):
     """The exchange outlived its deadline."""
 
 
+class ConnectTimeout(UpstreamTimeout):
+    """No connection within the connect timeout: the request never reached the backend."""
+
+
 class BodyTooLarge(UpstreamError):
     """A response body past the reader's limit (the connection is closed)."""
 
@@ -460,7 +464,7 @@ class ConnectionPool:
                 )
         except TimeoutError:  # ours, or the kernel's own (ETIMEDOUT) when timeout is None
             after = f" after {timeout:g} s" if timeout is not None else ""
-            raise UpstreamTimeout(f"connect timed out{after}") from None
+            raise ConnectTimeout(f"connect timed out{after}") from None
         except OSError as exc:
             raise UpstreamError(f"connect failed ({_reason(exc)})") from None
         return conn

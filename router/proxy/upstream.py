@@ -8,11 +8,13 @@ exponential backoff). Once :func:`open_upstream` has returned, the caller never 
 Which failures count against a backend (its breaker, through the lease) is decided by
 evidence, since a client can craft a request that makes every engine fail:
 
-- a refused or reset connection, a timeout and a gateway status (502, 503, 504) are the
-  backend's (or what stands in front of it), and count at once;
-- any other 5xx is held as suspect until failover ends (:func:`settle`): it counts only if
-  another backend then answered the same request properly (below 400). A request that every
-  backend tried fails, or that another backend refuses with a 4xx, blames none of them;
+- a refused or reset connection, a connect timeout and a gateway status (502, 503, 504) are
+  the backend's (or what stands in front of it), and count at once;
+- a timeout waiting for the answer and any other 5xx are held as suspect until failover ends
+  (:func:`settle`): they count only if another backend then answered the same request
+  properly (below 400). A request that every backend tried times out or fails on (a long
+  generation past the deadline, a prompt that crashes engines), or that another backend
+  refuses with a 4xx, blames none of them;
 - a 4xx is the client's and counts as a working backend; a 429 (busy, not broken) counts
   neither way.
 """
@@ -35,6 +37,7 @@ from router.observe.tracing import NO_TRACE, RequestTrace
 from router.proxy.connection import (
     Connection,
     ConnectionPool,
+    ConnectTimeout,
     ResponseHead,
     UpstreamError,
     request_head,
@@ -289,7 +292,8 @@ async def open_upstream(
 
 
 def settle(suspects: Sequence[BackendLease], answered: int) -> None:
-    """Blame the held 5xx answers of a request that ``answered`` ended (see the module).
+    """Blame the held timeouts and 5xx answers of a request that ``answered`` ended (see the
+    module).
 
     Only another backend's proper answer shows that the request could be served; a 4xx says
     the request itself was wrong, so a backend that failed on it with a 500 is not blamed.
@@ -310,7 +314,7 @@ async def _failover(
     suspects: list[BackendLease],
     trace: RequestTrace,
 ) -> Opened:
-    """The attempts in order, as :func:`open_upstream`; held 5xx leases go to ``suspects``."""
+    """The attempts in order, as :func:`open_upstream`; held leases go to ``suspects``."""
     try:  # the common case, without the retry machinery's per-request cost
         return await _attempt(connections, targets[0], req, headers, timeouts, 0, suspects, trace)
     except AttemptFailed as exc:
@@ -350,8 +354,8 @@ async def _attempt(
     suspects: list[BackendLease],
     trace: RequestTrace,
 ) -> Opened:
-    """One attempt; a 5xx answer other than a gateway status adds its lease to ``suspects``
-    for :func:`settle` rather than failing it here."""
+    """One attempt; a timeout waiting for the answer, or a 5xx answer other than a gateway
+    status, adds its lease to ``suspects`` for :func:`settle` rather than failing it here."""
     backend = target.backend
     origin, path = split_url(target.url)
     headers = upstream_headers(
@@ -377,10 +381,14 @@ async def _attempt(
                 conn, head = await opening
     except (TimeoutError, UpstreamError) as exc:
         lease.release()
-        lease.failed()
         if isinstance(exc, TimeoutError):
             failure = Failure(backend.name, f"backend {backend.name} timed out", timeout=True)
+            if isinstance(exc, ConnectTimeout):
+                lease.failed()
+            else:  # the request reached the backend: the wait may be the request's own
+                suspects.append(lease)
         else:
+            lease.failed()
             failure = Failure(backend.name, f"backend {backend.name} unreachable: {exc}")
         trace.attempt_failed(None, failure.message, failure.timeout)
         raise AttemptFailed(failure) from None
