@@ -45,15 +45,19 @@ def start_process(
     lines: list[str] | None = None,
     cwd: Path = ROOT,
     env: dict[str, str] | None = None,
+    stderr: Path | None = None,
 ) -> Iterator[Process]:
     """Start ``argv`` in ``cwd``; wait up to ``timeout`` s for a stdout line ``PREFIX
     http://HOST:PORT``.
 
     Stdout after the ready line is copied to our stderr by a thread, so a chatty child never
-    blocks on a full pipe; with ``lines``, each whole line is also appended there. The
-    process is always terminated, then killed after ``grace`` seconds.
+    blocks on a full pipe; with ``lines``, each whole line is also appended there. With
+    ``stderr``, the child's stderr (its log) is written to that file instead. The process is
+    always terminated, then killed after ``grace`` seconds.
     """
-    proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE)
+    with contextlib.ExitStack() as files:
+        err = None if stderr is None else files.enter_context(stderr.open("wb"))
+        proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err)
     drain: threading.Thread | None = None
     try:
         url = _wait_ready(proc, ready_line_prefix, timeout)

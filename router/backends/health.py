@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import aiohttp
@@ -11,6 +12,7 @@ import orjson
 
 from router.backends.engines import parse_load
 from router.backends.pool import BackendState
+from router.config.backends import shown_url
 from router.config.model import HealthSettings
 
 
@@ -75,19 +77,24 @@ class HealthMonitor:
         first: bool = False,
     ) -> None:
         if probe:
-            ok = await self._get(backend, "/health") is not None
-            backend.probe_result(ok, first=first)
+            body = await self._get(backend, "/health")
+            if isinstance(body, bytes):
+                backend.probe_result(True, first=first)
+            else:
+                where = f"GET {shown_url(backend.spec.url)}/health"
+                backend.probe_result(False, first=first, problem=f"{where}: {body}")
         if models and not backend.spec.models:
             body = await self._get(backend, "/v1/models")
-            if body is not None:
+            if isinstance(body, bytes):
                 backend.discovered_models, backend.context_tokens = _models(body)
         if scrape and self._settings.scrape_metrics:
             body = await self._get(backend, "/metrics")
-            if body is not None:
+            if isinstance(body, bytes):
                 backend.set_load(parse_load(body.decode(errors="replace"), backend.spec.engine))
 
-    async def _get(self, backend: BackendState, path: str) -> bytes | None:
-        """The body of a 200 answer, or None on any failure (the probe's verdict)."""
+    async def _get(self, backend: BackendState, path: str) -> bytes | str:
+        """The body of a 200 answer, or what went wrong (``404 Not Found``, ``Connection
+        refused``, ...): the probe's verdict, and its reason."""
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         timeout = aiohttp.ClientTimeout(total=self._settings.timeout)
         try:
@@ -99,10 +106,24 @@ class HealthMonitor:
                 server_hostname=backend.server_name,
             ) as resp:
                 if resp.status != 200:
-                    return None
+                    # The reason phrase is the backend's: bounded and printable only.
+                    phrase = "".join(c for c in (resp.reason or "")[:64] if c.isprintable())
+                    return f"{resp.status} {phrase}".rstrip()
                 return await resp.read()
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return None
+        except TimeoutError:
+            return f"no answer within {self._settings.timeout:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return _problem(exc)
+
+
+def _problem(exc: BaseException) -> str:
+    """A failed connection in words that carry no address (the log line names the URL)."""
+    errno = getattr(exc, "errno", None)
+    if isinstance(errno, int) and errno > 0:
+        return os.strerror(errno)  # "Connection refused", "Network is unreachable", ...
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "its host name does not resolve"
+    return type(exc).__name__  # ServerDisconnectedError, ClientConnectorCertificateError, ...
 
 
 def _models(body: bytes) -> tuple[tuple[str, ...], int | None]:

@@ -8,6 +8,7 @@ mode).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import ssl
@@ -21,6 +22,7 @@ from router.backends.shared import Slot, WorkerRow
 from router.config.backends import ClientTls, client_tls
 from router.config.model import BackendSpec, HealthSettings
 
+log = logging.getLogger("router")
 Clock = Callable[[], float]
 DEFAULT_CONTEXT_TOKENS = 131_072
 """A context length for engines that report none (the common 128 Ki of current models)."""
@@ -114,18 +116,24 @@ class BackendState:
         """Count ``req`` as in flight here until the returned lease is released."""
         return BackendLease(self, req)
 
-    def probe_result(self, ok: bool, *, first: bool = False) -> None:
+    def probe_result(self, ok: bool, *, first: bool = False, problem: str = "") -> None:
         """Active probe: down after ``failures_to_eject`` misses, up again on one success.
 
         The ``first`` probe (at startup) decides alone: nothing vouches for the backend yet.
+        ``problem`` says what the failed probe met; each change is logged once, with it.
         """
         if ok:
+            if not self.probe_ok:
+                log.info("backend %s is up: its health probe passes again", self.name)
             self._probe_failures = 0
             self.probe_ok = True
             return
         self._probe_failures += 1
-        if first or self._probe_failures >= self._health.failures_to_eject:
+        if self.probe_ok and (first or self._probe_failures >= self._health.failures_to_eject):
             self.probe_ok = False
+            misses = "its first health probe" if first else (
+                f"{self._probe_failures} health probes in a row")  # fmt: skip
+            log.warning("backend %s is down: %s failed (%s)", self.name, misses, problem)
 
     def set_load(self, load: EngineLoad) -> None:
         self.load = load
@@ -212,11 +220,20 @@ class BackendLease:
 
     def ok(self) -> None:
         """The backend answered properly: the breaker's run of failures ends."""
-        self._ticket = self._backend.breaker.ok(self._ticket)
+        breaker, ticket = self._backend.breaker, self._ticket
+        self._ticket = breaker.ok(ticket)
+        if self._ticket != ticket:  # a new epoch: this was the probe, and it closed the breaker
+            log.info("backend %s is back in service: a trial request after its ejection "
+                     "succeeded", self._backend.name)  # fmt: skip
 
     def failed(self) -> None:
         """A failure that is the backend's (see the breaker): eject after enough in a row."""
-        self._backend.breaker.failed(self._ticket)
+        b = self._backend
+        was_out = b.breaker.ejected
+        b.breaker.failed(self._ticket)
+        if not was_out and b.breaker.ejected:  # a failed probe only keeps it out: no change
+            log.warning("backend %s is ejected for %g s: %d requests in a row failed",
+                        b.name, b.breaker.cooldown, b._health.failures_to_eject)  # fmt: skip
 
     def release(self) -> None:
         """The attempt is over; later calls do nothing."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import ssl
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from router.config.model import (
     ROUTER_HEADERS,
@@ -86,6 +86,13 @@ def _forward_headers(m: Reader) -> tuple[str, ...]:
         else:
             out.append(name.lower())
     return tuple(out)
+
+
+def shown_url(url: str) -> str:
+    """``url`` as a log line may show it: without credentials (``user:password@``), query
+    or fragment, any of which may carry a secret."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def _http_url(url: str) -> bool:

@@ -54,13 +54,15 @@ def start_router(
     args: Sequence[str] = (),
     timeout: float = 30.0,
     lines: list[str] | None = None,
+    stderr: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Process]:
     """``python -m turnout serve --port 0`` (the embedded default when ``config`` is None);
-    its stdout lines (the access log) go to ``lines`` if given."""
+    its stdout lines (the access log) go to ``lines`` if given, its log to ``stderr``."""
     argv = [sys.executable, "-m", "turnout", "serve", "--port", "0", *args]
     if config is not None:
         argv += ["--config", str(config)]
-    with start_process(argv, READY, timeout, lines=lines) as proc:
+    with start_process(argv, READY, timeout, lines=lines, stderr=stderr, env=env) as proc:
         yield proc
 
 

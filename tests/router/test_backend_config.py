@@ -10,6 +10,7 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
+from router.config.backends import shown_url
 from router.config.model import ConfigError, DnsDiscovery, UpstreamTls
 from router.config.parse import parse_config
 from tests.router.harness import base_config
@@ -110,3 +111,15 @@ def test_discovery_mistakes_are_reported_at_their_paths() -> None:
     assert "backends[0].discover.interval_seconds" in _errors(interval)
     at = base_config([("a@b", "vllm", "http://h:1")])
     assert "'@'" in _errors(at)["backends[0].name"]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://10.0.0.5:8000", "http://10.0.0.5:8000"),
+        ("https://user:pa55@engine.internal/base", "https://engine.internal/base"),
+        ("http://token@[fd00::2]:8000/x?key=abc#frag", "http://[fd00::2]:8000/x"),
+    ],
+)
+def test_a_url_in_a_log_line_has_no_credentials(url: str, shown: str) -> None:
+    assert shown_url(url) == shown

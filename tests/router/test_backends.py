@@ -3,7 +3,10 @@ aliases, panic mode."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
+
+import pytest
 
 from policies.types import EngineLoad, RequestInfo
 from router.backends.pool import BackendState, Pool
@@ -187,3 +190,47 @@ def test_panic_for_a_name_no_backend_lists_is_counted_as_other() -> None:
     p.backends[0].probe_result(False, first=True)
     assert [x.name for x in p.candidates("whatever-a-client-sent")] == ["any"]
     assert panics == ["other"]
+
+
+def test_each_health_change_is_logged_once_with_its_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    a = pool(clock).by_name["a"]
+    caplog.set_level(logging.INFO, logger="router")
+    problem = "GET http://h:1/health: 503 Service Unavailable"
+    for _ in range(5):  # down after two misses, and said so once
+        a.probe_result(False, problem=problem)
+    a.probe_result(True)
+    a.probe_result(True)
+    req = RequestInfo("r", "chat", "m1", "interactive", prompt_tokens=1)
+    for _ in range(4):  # ejected at the second failure; the rest finds it out already
+        lease = a.lease(req)
+        lease.release()
+        lease.failed()
+    clock.now += HEALTH.cooldown
+    for _ in range(3):  # the half-open trial brings it back; later successes say nothing
+        lease = a.lease(req)
+        lease.release()
+        lease.ok()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"backend a is down: 2 health probes in a row failed ({problem})",
+        "backend a is up: its health probe passes again",
+        "backend a is ejected for 10 s: 2 requests in a row failed",
+        "backend a is back in service: a trial request after its ejection succeeded",
+    ]
+    assert [r.levelno for r in caplog.records] == [
+        logging.WARNING, logging.INFO, logging.WARNING, logging.INFO
+    ]  # fmt: skip
+
+
+def test_a_backend_down_at_start_is_logged_at_its_first_probe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a = pool(FakeClock()).by_name["a"]
+    caplog.set_level(logging.INFO, logger="router")
+    a.probe_result(False, first=True, problem="GET http://h:1/health: 404 Not Found")
+    a.probe_result(False, problem="GET http://h:1/health: 404 Not Found")
+    assert [r.getMessage() for r in caplog.records] == [
+        "backend a is down: its first health probe failed (GET http://h:1/health: 404 Not Found)"
+    ]
