@@ -113,6 +113,7 @@ async def handle(
             timeouts=timeouts,
             failover=state.config.failover,
             on_failover=lambda name: state.metrics.failover(policy.name, name),
+            admission=state.admission,
             trace=trace,
         )
         ticket.conn = opened.conn  # from here the drain cuts by aborting the upstream

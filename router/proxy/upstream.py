@@ -2,8 +2,10 @@
 
 Failover happens only before the upstream's response headers, i.e. before any byte can have
 reached the client: a refused connection, a timeout while waiting for the headers, or a
-5xx/429 answer moves on to the next backend of the policy's ranked list (bounded attempts,
-exponential backoff). Once :func:`open_upstream` has returned, the caller never retries.
+5xx/429 answer moves on to the next backend of the policy's ranked list that is below its
+``max_inflight`` (bounded attempts, exponential backoff; when every one left is full, the
+request waits in its admission queue). Once :func:`open_upstream` has returned, the caller
+never retries.
 
 Which failures count against a backend (its breaker, through the lease) is decided by
 evidence, since a client can craft a request that makes every engine fail:
@@ -25,14 +27,15 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import orjson
 from multidict import CIMultiDict
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from policies.types import RequestInfo
 from router.backends.pool import BackendLease, BackendState
 from router.config.model import ClassTimeouts, FailoverSettings
+from router.control.admission import Admission, Saturated
 from router.observe.tracing import NO_TRACE, RequestTrace
 from router.proxy.connection import (
     Connection,
@@ -273,19 +276,29 @@ async def open_upstream(
     timeouts: ClassTimeouts,
     failover: FailoverSettings,
     on_failover: Callable[[str], None],
+    admission: Admission | None = None,
     trace: RequestTrace = NO_TRACE,
 ) -> Opened:
     """Send to ``targets`` in order until one answers; see the module docstring.
 
     Each attempt holds a lease on its backend's in-flight figures while it is open; a failed
     attempt's lease is released here, the answering one's is the caller's (:class:`Opened`).
-    ``trace`` gets a span per attempt, whose context each attempt sends upstream.
+    Failover passes over backends at their ``max_inflight``; when every one left is, the
+    request waits in ``admission``'s queue for its class as it would have before its first
+    attempt (:class:`router.control.admission.QueueRejected` when that runs out; without
+    ``admission``, :class:`Saturated` at once). ``trace`` gets a span per attempt, whose
+    context each attempt sends upstream.
     """
     suspects: list[BackendLease] = []
     # On UpstreamFailed the suspects are dropped: no backend showed the request servable.
-    opened = await _failover(
-        connections, targets, req, headers, timeouts, failover, on_failover, suspects, trace
-    )
+    try:  # the common case, without the failover loop
+        opened = await _attempt(connections, targets[0], req, headers, timeouts, 0, suspects, trace)
+    except AttemptFailed as exc:
+        rest = list(targets[1:])
+        opened = await _failover(
+            connections, rest, exc.failure, req, headers, timeouts, failover, on_failover,
+            admission, suspects, trace,
+        )  # fmt: skip
     if suspects:
         settle(suspects, opened.head.status)
     return opened
@@ -305,43 +318,52 @@ def settle(suspects: Sequence[BackendLease], answered: int) -> None:
 
 async def _failover(
     connections: ConnectionPool,
-    targets: Sequence[Target],
+    rest: list[Target],
+    failure: Failure,
     req: RequestInfo,
     headers: Mapping[str, str],
     timeouts: ClassTimeouts,
     failover: FailoverSettings,
     on_failover: Callable[[str], None],
+    admission: Admission | None,
     suspects: list[BackendLease],
     trace: RequestTrace,
 ) -> Opened:
-    """The attempts in order, as :func:`open_upstream`; held leases go to ``suspects``."""
-    try:  # the common case, without the retry machinery's per-request cost
-        return await _attempt(connections, targets[0], req, headers, timeouts, 0, suspects, trace)
-    except AttemptFailed as exc:
-        attempts = min(failover.max_attempts, len(targets))
-        if attempts < 2:
-            raise UpstreamFailed(exc.failure, 0) from None
-        on_failover(targets[0].backend.name)
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(attempts - 1),
-        wait=wait_exponential(multiplier=failover.backoff_initial, max=failover.backoff_max),
-        retry=retry_if_exception_type(AttemptFailed),
-        reraise=True,
-    )
-    index = 1
-    try:
-        async for attempt in retrying:
-            with attempt:
-                if index > 1:
-                    on_failover(targets[index - 1].backend.name)
-                target = targets[index]
-                index += 1
-                return await _attempt(
-                    connections, target, req, headers, timeouts, index - 1, suspects, trace
-                )
-    except AttemptFailed as exc:
-        raise UpstreamFailed(exc.failure, index - 1) from None
-    raise AssertionError("unreachable: tenacity either returns or re-raises")
+    """The attempts after the first failed with ``failure``, down ``rest`` (the ranking after
+    the first target), as :func:`open_upstream` says; held leases go to ``suspects``.
+
+    The first failover is immediate, each later one waits twice as long as the one before
+    (from ``backoff_initial``, at most ``backoff_max``).
+    """
+    failovers = 0
+    while rest and failovers + 1 < failover.max_attempts:
+        if failovers:
+            backoff = failover.backoff_initial * 2 ** (failovers - 1)
+            await asyncio.sleep(min(backoff, failover.backoff_max))
+        take = partial(_with_room, rest)
+        target = take() if admission is None else await admission.admit(req.request_class, take)
+        on_failover(failure.backend)
+        failovers += 1
+        try:
+            return await _attempt(
+                connections, target, req, headers, timeouts, failovers, suspects, trace
+            )
+        except AttemptFailed as exc:
+            failure = exc.failure
+            if admission is not None:
+                admission.release()  # its backend's slot is free again: a waiter may go
+    raise UpstreamFailed(failure, failovers)
+
+
+def _with_room(rest: list[Target]) -> Target:
+    """The first of ``rest`` whose backend is below its ``max_inflight``, taken out of it
+    (the attempt's lease is taken before the event loop runs anything else)."""
+    for i, target in enumerate(rest):
+        backend = target.backend
+        cap = backend.spec.max_inflight
+        if cap is None or backend.inflight < cap:
+            return rest.pop(i)
+    raise Saturated("every backend left to fail over to is at its in-flight limit")
 
 
 async def _attempt(

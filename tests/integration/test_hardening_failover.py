@@ -6,12 +6,15 @@ front of emulators.
   where another serves the same request still counts.
 - The breaker counts only its own half-open probe: a request sent before an ejection that
   ends after the cooldown neither closes nor re-opens it.
+- Failover never takes a backend past its ``max_inflight``: a full one is passed over, and
+  with every one left full the request behaves as admission does (429 without a queue, a
+  wait in the class's queue with one).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +153,86 @@ def test_a_request_sent_before_the_ejection_does_not_decide_after_it(
         assert breakers(router)["a"] == "half-open"
         assert chat(router, pinned).status == 200  # the probe
         assert breakers(router)["a"] == "closed"
+
+
+# -- failover within max_inflight -------------------------------------------------------------
+
+
+class Peak:
+    """Polls the router's in-flight count of one backend in a thread; ``peak`` is the most seen."""
+
+    def __init__(self, router: Process, name: str) -> None:
+        self.peak = 0
+        self._router, self._name = router, name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, inflight(self._router, self._name))
+
+    def __enter__(self) -> Peak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def at_once(count: int, send: Callable[[], Reply]) -> list[Reply]:
+    replies: list[Reply] = []
+    threads = [threading.Thread(target=lambda: replies.append(send())) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return replies
+
+
+@pytest.fixture(scope="module")
+def failing_and_capped() -> Iterator[tuple[Process, Process]]:
+    """``first`` answers every request 503 after 1.5 s, so that requests sent together are
+    all planned (with ``capped`` below its limit) before any fails over; ``capped`` answers
+    after 0.5 s."""
+    failing = ["--stall", "1.5", "--error-rate", "1", "--error-status", "503"]
+    with (
+        start_emulator("vllm", time_scale=50, args=failing) as first,
+        start_emulator("vllm", time_scale=50, args=["--stall", "0.5"]) as capped,
+    ):
+        yield first, capped
+
+
+def capped_config(first: Process, capped: Process, **overrides: Any) -> dict[str, Any]:
+    doc = config([("first", first.url), ("capped", capped.url)], failures_to_eject=1000)
+    doc["backends"][1]["max_inflight"] = 1
+    doc["timeouts"] = {}
+    doc.update(overrides)
+    return doc
+
+
+def test_failover_without_a_queue_answers_429_rather_than_pass_max_inflight(
+    failing_and_capped: tuple[Process, Process], tmp_path: Path
+) -> None:
+    """The attack: eight requests fail on the first backend together; the second, capped at
+    1, used to take all eight."""
+    doc = capped_config(*failing_and_capped)
+    with start_router(write_config(tmp_path, doc)) as router, Peak(router, "capped") as seen:
+        replies = at_once(8, lambda: chat(router))
+    assert sorted(r.status for r in replies) == [200] + [429] * 7, [r.content for r in replies]
+    refused = [r for r in replies if r.status == 429]
+    assert {r.json()["error"]["code"] for r in refused} == {"rate_limit_exceeded"}
+    assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
+    assert seen.peak == 1
+
+
+def test_failover_waits_in_the_admission_queue_for_a_full_backend(
+    failing_and_capped: tuple[Process, Process], tmp_path: Path
+) -> None:
+    admission = {"interactive": {"queue_size": 16, "max_wait": 30}}
+    doc = capped_config(*failing_and_capped, admission=admission)
+    with start_router(write_config(tmp_path, doc)) as router, Peak(router, "capped") as seen:
+        replies = at_once(8, lambda: chat(router))
+    assert [r.status for r in replies] == [200] * 8, [r.content for r in replies]
+    assert {r.headers["x-turnout-backend"] for r in replies} == {"capped"}
+    assert seen.peak == 1
