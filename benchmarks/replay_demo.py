@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -39,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     argv_router = [sys.executable, "-m", "turnout", "serve", "--port", "0"]
+    # The demo's batch store (the embedded default has one) stays in its own directory: a
+    # `turnout serve` of the user's may hold the one in the user's data directory.
+    env = {**os.environ, "XDG_DATA_HOME": str((a.out_dir / "data").resolve())}
     print("starting the embedded default (two emulated engines and the router)...", flush=True)
-    proc, url = spawn_ready(argv_router, "turnout listening on", 120)
+    proc, url = spawn_ready(argv_router, "turnout listening on", 120, env)
     try:
         policies = available_policies(url)
         print(f"router at {url}; replaying {CAPTURE.name} under {', '.join(policies)}", flush=True)

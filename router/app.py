@@ -127,6 +127,9 @@ def build_app(
     _routes(app, state)
     if config.batch is not None:  # after the app's own lifespan: lines need the router up
         BatchService(state, config.batch).install(app)
+    else:
+        for path in ("/v1/files", "/v1/files/{rest:.*}", "/v1/batches", "/v1/batches/{rest:.*}"):
+            app.router.add_route("*", path, _batch_off)
     if config_path is not None:
         app[RELOADER] = reloader = Reloader(
             state, config_path, partial(build_policies, metrics=metrics)
@@ -243,6 +246,15 @@ def _routes(app: web.Application, state: RouterState) -> None:
     r.add_get("/metrics", metrics)
     r.add_get("/turnout/backends", backends)
     r.add_get("/turnout/policies", policies)
+
+
+async def _batch_off(_: web.Request) -> web.Response:
+    """The Batch API's routes in a config without ``batch``: say how to turn it on."""
+    message = (
+        "the Batch API (/v1/files, /v1/batches) is off in this router's config: add a "
+        "'batch:' section to turn it on (docs/router.md#batch-api)"
+    )
+    return error_response(RouterError(404, message, code="batch_api_off"))
 
 
 def _card(model: str) -> dict[str, object]:

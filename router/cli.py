@@ -30,7 +30,9 @@ from typing import NoReturn
 import uvloop
 
 from router.app import RELOADER, STATE, build_app, build_policies, listen_socket, serve
-from router.config.model import ConfigError, ListenSettings, RouterConfig
+from router.batch.service import StoreBusy, claim_store, store_url
+from router.config.backends import shown_url
+from router.config.model import BatchSettings, ConfigError, ListenSettings, RouterConfig
 from router.config.parse import read_config
 from router.control.auth import Gate, exposure_warning
 from router.observe.metrics import Metrics
@@ -147,11 +149,31 @@ def serve_main(argv: list[str]) -> int:
             f"turnout serve: cannot listen on {listen.host}:{listen.port}: {exc}", file=sys.stderr
         )
         return 1
+    if config.batch is not None and not _claim_batch_store(config.batch):
+        sock.close()
+        return 1
     for key, message in env_warnings(config):
         log.warning("%s: %s", key, message)
     if (exposed := exposure_warning(listen.host, config.require_api_key)) is not None:
         log.warning("%s", exposed)
     _exit_now(_serve(config, listen, sock, args.workers, path))
+
+
+def _claim_batch_store(settings: BatchSettings) -> bool:
+    """Take the Batch API's store for this router (its lock lives as long as the process,
+    workers included) and say where it is; False, said why, when it cannot be had."""
+    url = store_url(settings)
+    try:
+        claim_store(url)
+    except StoreBusy as exc:
+        print(f"turnout serve: {exc}", file=sys.stderr)
+        return False
+    except OSError as exc:
+        print(f"turnout serve: cannot make the batch store's directory: {exc}", file=sys.stderr)
+        return False
+    where = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else shown_url(url)
+    log.info("batch API on (/v1/files, /v1/batches): its store is %s", where)
+    return True
 
 
 def _serve(

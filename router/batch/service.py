@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +24,39 @@ def store_url(settings: BatchSettings) -> str:
     if settings.store:
         return settings.store
     return "sqlite:///" + str(Path(settings.data_dir).resolve() / "batch.db")
+
+
+class StoreBusy(Exception):
+    """Another router holds the SQLite store."""
+
+
+def claim_store(url: str) -> int | None:
+    """Make a SQLite store's directory and hold its lock file for this router, whose
+    workers inherit it; the returned descriptor is kept open for the process's life.
+
+    Two routers on one file would take each other's lines and run them on their own
+    backends (another config's, a test run's): the second is refused, naming the first's
+    pid. Replicas share a PostgreSQL store instead, which needs no claim (None).
+    Raises :class:`StoreBusy`, or OSError when the directory cannot be made.
+    """
+    if not url.startswith("sqlite:///"):
+        return None
+    path = Path(url.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 16, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreBusy(
+            f"the batch store {path} is in use by another router (pid {holder}); give this "
+            "one its own with batch.data_dir or XDG_DATA_HOME (replicas share a PostgreSQL "
+            "batch.store)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class BatchService:

@@ -295,7 +295,9 @@ class BatchSettings:
 
     store: str = ""
     """``sqlite:///path`` or ``postgresql://...``; empty: ``batch.db`` in :attr:`data_dir`."""
-    data_dir: str = "turnout-batch"
+    data_dir: str = ""
+    """Where the default store lives; the parser gives Turnout's data directory when the
+    config names neither (router.config.batch)."""
     max_concurrency: int = 64
     """Lines in flight per router process at most: the budget when no policy declares SLOs,
     else the ceiling of the window the interactive TTFT paces (router.batch.pacing)."""

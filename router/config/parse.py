@@ -17,6 +17,7 @@ import yaml
 
 from policies.types import REQUEST_CLASSES
 from router.config.backends import read_backends
+from router.config.batch import read_batch
 from router.config.model import (
     DEFAULT_CAPTURE_HEADERS,
     ENDPOINTS,
@@ -25,7 +26,6 @@ from router.config.model import (
     AdmissionSettings,
     AnonymousLimits,
     ApiKeySpec,
-    BatchSettings,
     CaptureSettings,
     ClassAdmission,
     ClassificationSettings,
@@ -113,7 +113,7 @@ def parse_document(doc: object, errors: Errors) -> RouterConfig:
         limits=_limits(top.child("limits")),
         shutdown=_shutdown(top.child("shutdown")),
         shadow=_shadow(top.child("shadow"), names, policy_names),
-        batch=_batch(top.child("batch")) if top.has("batch") else None,
+        batch=read_batch(top.child("batch")) if top.has("batch") else None,
     )
     top.done()
     return config
@@ -375,31 +375,6 @@ def _admission(m: Reader) -> AdmissionSettings:
             )
             c.done()
     out = AdmissionSettings(classes=classes, retry_after=m.number("retry_after", 1.0, low=0.0))
-    m.done()
-    return out
-
-
-def _batch(m: Reader) -> BatchSettings:
-    d = BatchSettings()
-    store = m.string("store", d.store)
-    if store and not store.startswith(("sqlite:///", "postgresql://", "postgres://")):
-        m.error("store", "expected sqlite:///PATH or postgresql://...")
-    high = m.integer("max_concurrency", d.max_concurrency, low=1)
-    low = m.integer("min_concurrency", d.min_concurrency, low=1, high=high)
-    out = BatchSettings(
-        store=store,
-        data_dir=m.string("data_dir", d.data_dir),
-        max_concurrency=high,
-        min_concurrency=low,
-        initial_concurrency=m.integer(
-            "initial_concurrency", d.initial_concurrency, low=low, high=high
-        ),
-        headroom=m.number("headroom", d.headroom, low=0.05, high=1.0),
-        lease_seconds=m.number("lease_seconds", d.lease_seconds, low=0.5),
-        max_attempts=m.integer("max_attempts", d.max_attempts, low=1),
-        max_file_bytes=m.integer("max_file_bytes", d.max_file_bytes, low=1),
-        max_lines=m.integer("max_lines", d.max_lines, low=1),
-    )
     m.done()
     return out
 

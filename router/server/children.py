@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from router.config.model import BackendSpec, EmulatorSpec, RouterConfig
@@ -99,15 +99,19 @@ def stop_all(
 
 
 def spawn_ready(
-    argv: Sequence[str], ready_prefix: str, timeout: float
+    argv: Sequence[str],
+    ready_prefix: str,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``argv``; wait (bounded) for its stdout line ``PREFIX URL``; return both.
+    """Start ``argv`` (in ``env``, else this process's environment); wait (bounded) for its
+    stdout line ``PREFIX URL``; return both.
 
     The child gets SIGTERM should this process die first. On failure it is killed. What it
     writes to stdout after that line (a router's access log) is read and dropped by a thread,
     so that it never blocks on a full pipe.
     """
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout

@@ -1,0 +1,67 @@
+"""The ``batch`` section: the Batch API's store and limits, and where its data lives.
+
+Without ``store`` and ``data_dir`` the SQLite store goes in Turnout's data directory after
+the XDG base directory convention: ``$XDG_DATA_HOME/turnout``, else
+``~/.local/share/turnout``; the router creates it when it starts (router.batch.service).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from router.config.model import BatchSettings
+from turnout.common.schema import Reader
+
+_POSTGRES = ("postgresql://", "postgres://")
+
+
+def data_home(env: Mapping[str, str] = os.environ) -> Path | None:
+    """Turnout's data directory (see the module docstring); None when there is no home
+    directory to put it in. A relative ``XDG_DATA_HOME`` is ignored, as the convention says."""
+    xdg = env.get("XDG_DATA_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "turnout"
+    try:
+        home = Path.home()
+    except RuntimeError:  # no HOME and no passwd entry
+        return None
+    return home / ".local" / "share" / "turnout" if home.is_absolute() else None
+
+
+def read_batch(m: Reader) -> BatchSettings:
+    d = BatchSettings()
+    store = m.string("store", d.store)
+    if store and not store.startswith(("sqlite:///", *_POSTGRES)):
+        m.error("store", "expected sqlite:///PATH or postgresql://...")
+    high = m.integer("max_concurrency", d.max_concurrency, low=1)
+    low = m.integer("min_concurrency", d.min_concurrency, low=1, high=high)
+    out = BatchSettings(
+        store=store,
+        data_dir=m.string("data_dir", "") or _default_dir(m, store),
+        max_concurrency=high,
+        min_concurrency=low,
+        initial_concurrency=m.integer(
+            "initial_concurrency", d.initial_concurrency, low=low, high=high
+        ),
+        headroom=m.number("headroom", d.headroom, low=0.05, high=1.0),
+        lease_seconds=m.number("lease_seconds", d.lease_seconds, low=0.5),
+        max_attempts=m.integer("max_attempts", d.max_attempts, low=1),
+        max_file_bytes=m.integer("max_file_bytes", d.max_file_bytes, low=1),
+        max_lines=m.integer("max_lines", d.max_lines, low=1),
+    )
+    m.done()
+    return out
+
+
+def _default_dir(m: Reader, store: str) -> str:
+    """The data directory when none is given: Turnout's, for the default SQLite store."""
+    if store:
+        return ""  # the store names its own place
+    home = data_home()
+    if home is None:
+        m.error("data_dir", "no home directory to keep batch.db in: give batch.data_dir, "
+                "or set XDG_DATA_HOME")  # fmt: skip
+        return ""
+    return str(home)
