@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -38,7 +39,16 @@ MODES = {
     "leaky-headers": "a proper answer with Set-Cookie, Server, Via, X-Upstream-* ... headers",
     "hang": "reads the request, never answers",
     "hang-after-head": "sends a response head, never the body",
+    "gzip-answer": "the answer gzip-compressed under Content-Encoding: gzip (streamed or not)",
+    "gzip-label": "a plain answer labelled Content-Encoding: gzip (streamed or not)",
+    "redirect": "a 307 with OpenAI error JSON whose Location names an internal host",
+    "early-hints": "a 103 Early Hints, then a proper answer",
+    "interim-body": "a 1xx with a Content-Length body, then a proper answer",
+    "switching-protocols": "a 101 Switching Protocols nobody asked for",
+    "status-999": "an answer with status 999",
 }
+INTERIM_BODY = b"EARLY-BYTES"
+"""The body ``interim-body`` sends after its 1xx head; must never reach a client."""
 _USAGE: Mapping[str, object] = {
     "ok": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
     "leaky-headers": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
@@ -112,6 +122,8 @@ class Misbehaving:
             return True
         if mode == "huge-body":
             return await self._huge_body(writer)
+        if mode in _HEAD_MODES:
+            return await _odd_head(writer, mode, chat, stream)
         extra = LEAKY_HEADERS if mode == "leaky-headers" else ()
         if not stream:
             answer = _completion(chat, "hi there", usage)
@@ -183,6 +195,45 @@ class Misbehaving:
             self.sent["huge-body"] += _PIECE
         await _send(writer, end)
         return True
+
+
+_HEAD_MODES = frozenset(
+    {"gzip-answer", "gzip-label", "redirect", "early-hints", "interim-body",
+     "switching-protocols", "status-999"}
+)  # fmt: skip
+
+
+async def _odd_head(writer: asyncio.StreamWriter, mode: str, chat: bool, stream: bool) -> bool:
+    """The modes whose status line or headers are what is wrong (or unusual)."""
+    if stream:
+        events = [_event(chat, "hi") + b"\n\n", _event(chat, " there", "stop") + b"\n\n"]
+        body, kind = b"".join(events) + b"data: [DONE]\n\n", "text/event-stream"
+    else:
+        body, kind = _completion(chat, "hi there", _USAGE["ok"]), "application/json"
+    if mode in ("gzip-answer", "gzip-label"):
+        sent = gzip.compress(body) if mode == "gzip-answer" else body
+        await _whole(writer, 200, sent, kind, (("Content-Encoding", "gzip"),))
+    elif mode == "redirect":  # with an OpenAI error body, which alone would pass on as is
+        location = f"http://{INTERNAL_HOST}:8000/v1/chat/completions?token={SECRET}"
+        error = orjson.dumps({"error": {"message": "moved", "type": "redirect"}})
+        await _whole(writer, 307, error, "application/json", (("Location", location),))
+    elif mode == "status-999":
+        await _whole(writer, 999, body, kind, ())
+    elif mode == "switching-protocols":
+        await _send(writer, b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                    b"Connection: Upgrade\r\n\r\n" + INTERIM_BODY)  # fmt: skip
+        return False
+    else:
+        if mode == "early-hints":
+            interim = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+        else:
+            interim = b"HTTP/1.1 150 X\r\nContent-Length: %d\r\n\r\n%s" % (
+                len(INTERIM_BODY),
+                INTERIM_BODY,
+            )
+        await _send(writer, interim)
+        await _whole(writer, 200, body, kind, ())
+    return True
 
 
 def _event(chat: bool, text: str, finish: str | None = None) -> bytes:

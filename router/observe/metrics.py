@@ -406,7 +406,9 @@ class Metrics:
 
     def protocol_errors(self, backend: str, kind: str, count: int = 1) -> None:
         """Count what ``backend`` got wrong in one answer (kinds:
-        turnout.common.outcome.PROTOCOL_ERRORS, ``body_too_large``, ``bad_error_body``)."""
+        turnout.common.outcome.PROTOCOL_ERRORS, ``body_too_large``, ``bad_error_body``, the
+        response heads router.proxy.connection refuses, ``bad_status`` and ``bad_interim``, and
+        those router.proxy.upstream does not relay, ``redirect`` and ``bad_encoding``)."""
         self._protocol_errors.labels(backend, kind).inc(count)
 
     def watch_queue(self, request_class: str, waiting: Callable[[], float]) -> None:

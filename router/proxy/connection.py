@@ -53,6 +53,19 @@ class ConnectTimeout(UpstreamTimeout):
     """No connection within the connect timeout: the request never reached the backend."""
 
 
+class ProtocolError(UpstreamError):
+    """A response head that breaks HTTP; ``kind`` names the break for
+    ``turnout_upstream_protocol_errors_total``."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# The headers that would give an interim (1xx) response content, which HTTP forbids it.
+_FRAMING = frozenset({"content-length", "transfer-encoding"})
+
+
 class BodyTooLarge(UpstreamError):
     """A response body past the reader's limit (the connection is closed)."""
 
@@ -284,7 +297,16 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         assert self._parser is not None and self._head is not None
         status = self._parser.get_status_code()
+        if not 100 <= status <= 599:  # llhttp takes any three digits
+            raise ProtocolError(f"status {status} is not an HTTP status", "bad_status")
         if status < 200:  # an interim answer (103 Early Hints...): the real one follows
+            # It ends with its head (RFC 9110 15.2): llhttp would read a body that a length
+            # gives any 1xx from 104 up, and hand it over as the answer's. 101 switches to
+            # another protocol, which the router never asks for.
+            if status == 101:
+                raise ProtocolError("a switch of protocols nobody asked for (101)", "bad_interim")
+            if any(name.lower() in _FRAMING for name, _ in self._headers):
+                raise ProtocolError(f"an interim answer ({status}) with content", "bad_interim")
             self._interim = True
             self._headers = []
             return

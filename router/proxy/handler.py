@@ -24,6 +24,7 @@ from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, failed_answer, relay
 from router.proxy.state import RouterState
 from router.proxy.upstream import (
+    Failure,
     Opened,
     Target,
     UpstreamFailed,
@@ -112,7 +113,7 @@ async def handle(
             headers=headers,
             timeouts=timeouts,
             failover=state.config.failover,
-            on_failover=lambda name: state.metrics.failover(policy.name, name),
+            on_failover=partial(_failed_over, state, policy.name),
             admission=state.admission,
             trace=trace,
         )
@@ -287,6 +288,14 @@ def _settlement(ex: Exchange, opened: Opened | None, charged: int) -> int:
     return min(charged, info.prompt_tokens + max(1, output))
 
 
+def _failed_over(state: RouterState, policy: str, failure: Failure) -> None:
+    """An attempt failed and the request moves on: count it (and its protocol error, which
+    the request's record, of the last attempt only, does not hold)."""
+    state.metrics.failover(policy, failure.backend)
+    if failure.kind is not None:
+        state.metrics.protocol_errors(failure.backend, failure.kind)
+
+
 def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> Answer:
     """Every attempt failed: record it and answer as :func:`failed_answer` says."""
     last = exc.last
@@ -294,8 +303,9 @@ def _failed(exc: UpstreamFailed, extra: dict[str, str], ex: Exchange) -> Answer:
     response, fault = failed_answer(last, extra)
     ex.status = response.status
     code = fault.code if fault is not None and last.status is None else "upstream_error"
-    # upstream_timeout or upstream_unreachable when none answered, else the engine's error
-    ex.reason = code if last.status is None else answer_reason(last.status)
+    # upstream_timeout, _unreachable or _broken when none answered properly, else the
+    # engine's error
+    ex.reason = fault.reason if fault is not None else answer_reason(response.status)
     ex.error = {"message": last.message, "code": code}
     if fault is not None:
         ex.protocol_error = fault.kind

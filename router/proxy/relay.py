@@ -231,16 +231,22 @@ def failed_answer(last: Failure, extra: Mapping[str, str]) -> tuple[Answer, Upst
     it carries if the router made one.
 
     The last backend's answer as is if it is OpenAI error JSON; else an OpenAI error with its
-    status (:func:`router.proxy.upstream.replacement_error`); 502 or 504 if none answered.
+    status (:func:`router.proxy.upstream.replacement_error`); 502 or 504 if none answered
+    properly (502 ``upstream_protocol_error`` when its answer broke the protocol).
     """
     fault: UpstreamFault | None
-    if last.status is None:
-        timeout = last.timeout
+    if last.kind is not None:
         fault = UpstreamFault(
-            504 if timeout else 502,
+            502,
             last.message,
-            code="upstream_timeout" if timeout else "upstream_unreachable",
+            code="upstream_protocol_error",
+            kind=last.kind,
+            reason="upstream_broken",
         )
+    elif last.status is None:
+        timeout = last.timeout
+        code = "upstream_timeout" if timeout else "upstream_unreachable"
+        fault = UpstreamFault(504 if timeout else 502, last.message, code=code, reason=code)
     else:
         fault = replacement_error(last.status, last.body or b"", last.backend)
         if fault is None:

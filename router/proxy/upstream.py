@@ -41,6 +41,7 @@ from router.proxy.connection import (
     Connection,
     ConnectionPool,
     ConnectTimeout,
+    ProtocolError,
     ResponseHead,
     UpstreamError,
     request_head,
@@ -53,8 +54,9 @@ from router.server.errors import RouterError
 # backend's ``forward_headers`` lists it: headers that steer an engine's internals (the
 # emulator's X-Emulator-Fault) and credentials meant for the router or someone else
 # (X-Api-Key, api-key, Cookie, Proxy-Authorization). The router sets Content-Type,
-# X-Request-Id and the backend's own Authorization itself; Accept-Encoding is not passed
-# since the router meters the bytes it forwards and so asks for them uncompressed.
+# X-Request-Id and the backend's own Authorization itself, and Accept-Encoding: identity
+# (without it, any encoding is acceptable: RFC 9110 12.5.3), since it meters the bytes it
+# forwards and so takes them uncompressed (see _unservable).
 _FORWARD = frozenset({"accept", "accept-language", "user-agent", "traceparent", "tracestate",
                       "baggage"})  # fmt: skip
 # A 5xx that says the backend (or a proxy in front of it) cannot serve now, whatever was asked.
@@ -70,6 +72,7 @@ _DROP_DOWNSTREAM = frozenset(
         "transfer-encoding",
         "upgrade",
         "content-length",
+        "content-encoding",  # never other than identity here (_unservable): nothing to say
         "date",
         "server",
         "x-request-id",
@@ -123,6 +126,7 @@ def upstream_headers(
     }
     out["X-Request-Id"] = request_id
     out["Content-Type"] = "application/json"
+    out["Accept-Encoding"] = "identity"
     if api_key:
         out["Authorization"] = f"Bearer {api_key}"
     return out
@@ -227,7 +231,9 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Why an attempt failed. ``status``/``body`` are set when the backend answered."""
+    """Why an attempt failed. ``status``/``body`` are set when the backend answered with an
+    error the client may get; ``kind``, when its answer broke the protocol (a
+    ``turnout_upstream_protocol_errors_total`` kind)."""
 
     backend: str
     message: str
@@ -235,6 +241,7 @@ class Failure:
     body: bytes | None = None
     content_type: str | None = None
     timeout: bool = False
+    kind: str | None = None
 
 
 class AttemptFailed(Exception):
@@ -275,7 +282,7 @@ async def open_upstream(
     headers: Mapping[str, str],
     timeouts: ClassTimeouts,
     failover: FailoverSettings,
-    on_failover: Callable[[str], None],
+    on_failover: Callable[[Failure], None],
     admission: Admission | None = None,
     trace: RequestTrace = NO_TRACE,
 ) -> Opened:
@@ -324,7 +331,7 @@ async def _failover(
     headers: Mapping[str, str],
     timeouts: ClassTimeouts,
     failover: FailoverSettings,
-    on_failover: Callable[[str], None],
+    on_failover: Callable[[Failure], None],
     admission: Admission | None,
     suspects: list[BackendLease],
     trace: RequestTrace,
@@ -342,7 +349,7 @@ async def _failover(
             await asyncio.sleep(min(backoff, failover.backoff_max))
         take = partial(_with_room, rest)
         target = take() if admission is None else await admission.admit(req.request_class, take)
-        on_failover(failure.backend)
+        on_failover(failure)
         failovers += 1
         try:
             return await _attempt(
@@ -409,6 +416,10 @@ async def _attempt(
                 lease.failed()
             else:  # the request reached the backend: the wait may be the request's own
                 suspects.append(lease)
+        elif isinstance(exc, ProtocolError):
+            lease.failed()
+            message = f"backend {backend.name} broke HTTP: {exc}"
+            failure = Failure(backend.name, message, kind=exc.kind)
         else:
             lease.failed()
             failure = Failure(backend.name, f"backend {backend.name} unreachable: {exc}")
@@ -440,5 +451,35 @@ async def _attempt(
                 content_type=head.headers.get("Content-Type"),
             )
         )
+    if 300 <= head.status < 400 or "Content-Encoding" in head.headers:
+        unservable = _unservable(backend.name, head)
+        if unservable is not None:
+            connections.release(conn)  # unread, so closed
+            lease.release()
+            lease.failed()
+            trace.attempt_failed(head.status, unservable.message, False)
+            raise AttemptFailed(unservable)
     lease.ok()
     return Opened(target, conn, head, lease, failovers)
+
+
+def _unservable(name: str, head: ResponseHead) -> Failure | None:
+    """The failure of backend ``name``'s answer below 500 that must not reach the client as
+    sent; None: it may.
+
+    A redirect: no OpenAI endpoint redirects, so it comes from a misconfigured backend or
+    something in front of it (a login page, a plain-HTTP listener sending to HTTPS), and its
+    ``Location`` names an address of the router's side. Envoy passes an upstream 3xx on as
+    it is, ``Location`` included, unless the route is configured to follow it internally;
+    the router does neither: a redirect fails the attempt, and fails over. An encoded body:
+    the router asks for ``identity`` (it meters the bytes it relays, and would relay an
+    encoding under a header it does not keep) and decodes nothing.
+    """
+    status = head.status
+    if 300 <= status < 400:
+        return Failure(name, f"backend {name} answered {status}, a redirect", kind="redirect")
+    coding = head.headers.get("Content-Encoding", "identity")
+    if coding.strip().lower() != "identity":
+        message = f"backend {name} answered in a Content-Encoding it was not asked for"
+        return Failure(name, message, kind="bad_encoding")
+    return None

@@ -22,6 +22,7 @@ from router.proxy.connection import (
     MAX_HEAD_BYTES,
     ConnectionPool,
     Origin,
+    ProtocolError,
     ResponseHead,
     UpstreamError,
     UpstreamTimeout,
@@ -421,6 +422,49 @@ async def test_interim_response_is_skipped() -> None:
         "application/json",
         b"ok",
     )
+
+
+@pytest.mark.parametrize(
+    "interim",
+    [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 102 Processing\r\n\r\n" * 3,  # several, one after another
+        b"HTTP/1.1 150 X\r\nX-Note: 1\r\n\r\n",  # unknown, without content: skipped too
+    ],
+)
+async def test_every_interim_response_without_content_is_skipped(interim: bytes) -> None:
+    head, body, _ = await _one_exchange(interim + OK)
+    assert (head.status, "X-Note" in head.headers, body) == (200, False, b"ok")
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        # llhttp reads the body a length or chunking gives a 1xx from 104 up: it used to
+        # reach the client as the first bytes of the answer after it.
+        (b"HTTP/1.1 150 X\r\nContent-Length: 5\r\n\r\nEVIL!" + OK, "bad_interim"),
+        (
+            b"HTTP/1.1 199 X\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nEVIL!\r\n0\r\n\r\n" + OK,
+            "bad_interim",
+        ),
+        (b"HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\nEVIL!" + OK, "bad_interim"),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\nEVIL!",
+            "bad_interim",
+        ),
+        (b"HTTP/1.1 999 X\r\nContent-Length: 2\r\n\r\nok", "bad_status"),
+        (b"HTTP/1.1 600 X\r\nContent-Length: 2\r\n\r\nok", "bad_status"),
+        (b"HTTP/1.1 099 X\r\nContent-Length: 2\r\n\r\nok", "bad_status"),  # was waited on
+    ],
+)
+async def test_a_head_outside_http_is_a_protocol_error(answer: bytes, kind: str) -> None:
+    async with Backend(answer_each(answer)) as backend:
+        with closing(ConnectionPool()) as pool:
+            conn = await start(pool, backend.origin)
+            with pytest.raises(ProtocolError) as caught:
+                await asyncio.wait_for(conn.head(), 2)
+            assert caught.value.kind == kind
+            assert not conn.reusable
 
 
 # -- 10. request heads and URLs ----------------------------------------------------------------
