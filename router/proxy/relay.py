@@ -25,11 +25,11 @@ from multidict import CIMultiDict
 from router.proxy.body import OFFLOAD_BYTES
 from router.proxy.connection import BodyTooLarge, Connection, UpstreamError
 from router.proxy.drain import CODE, ShuttingDown, shutting_down
+from router.proxy.headers import downstream_headers
 from router.proxy.upstream import (
     Failure,
     Opened,
     UpstreamFault,
-    downstream_headers,
     replacement_error,
 )
 from router.server.answer import Answer, Client

@@ -12,7 +12,8 @@ from multidict import CIMultiDict
 
 from router.config.model import ClassTimeouts, ConfigError, LimitSettings
 from router.config.parse import parse_config
-from router.proxy.upstream import downstream_headers, replacement_error
+from router.proxy.headers import downstream_headers
+from router.proxy.upstream import replacement_error
 
 SECRET = "hunter2"
 

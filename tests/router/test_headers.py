@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multidict import CIMultiDict
 
-from router.proxy.upstream import downstream_headers, upstream_headers
+from router.proxy.headers import downstream_headers, upstream_headers
 
 
 def test_upstream_headers_pass_only_the_standard_ones_and_credentials_stay() -> None:
