@@ -28,7 +28,7 @@ from router.control.auth import Gate, admin_only
 from router.control.slo import slo_table
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
-from router.observe.tracing import tracing_from_env
+from router.observe.tracing import Tracing, tracing_from_env
 from router.proxy.connection import ConnectionPool
 from router.proxy.drain import CLOSE_SECONDS
 from router.proxy.handler import PATHS, handle
@@ -80,12 +80,14 @@ def build_app(
     config_path: Path | None = None,
     resolver: Resolver = resolve_dns,
     shared: WorkerRow | None = None,
+    tracing: Tracing | None = None,
 ) -> web.Application:
     """The router app for ``config`` (backend URLs must be resolved already).
 
     With ``config_path``, ``POST /turnout/reload`` (and :data:`RELOADER`) reload from it.
     ``resolver`` looks up discovered backends' names (a test may give its own).
     ``shared``: this worker's row of the backend load its router's workers share.
+    ``tracing``: what the environment asks for unless given (router.observe.tracing).
     """
     metrics = metrics if metrics is not None else Metrics()
     pool = Pool(
@@ -110,7 +112,7 @@ def build_app(
         admission=Admission(config.admission),
         shadows=Shadows(config.shadow, pool, metrics, config.limits),
         slo=slo_table(policies, config.default_policy),
-        tracing=tracing_from_env(),
+        tracing=tracing if tracing is not None else tracing_from_env(),
     )
     for cls in REQUEST_CLASSES:
         metrics.watch_queue(cls, partial(state.admission.waiting, cls))

@@ -36,6 +36,7 @@ from router.config.model import BatchSettings, ConfigError, ListenSettings, Rout
 from router.config.parse import read_config
 from router.control.auth import Gate, exposure_warning
 from router.observe.metrics import Metrics
+from router.observe.tracing import tracing_from_env
 from router.server.children import Children
 from router.workers import Sharing, supervise
 
@@ -232,7 +233,13 @@ async def _worker(
         app = build_app(config, config_path=path)
     else:
         metrics = Metrics(workers_dir=sharing.metrics_dir)
-        app = build_app(config, metrics=metrics, config_path=path, shared=sharing.load.row(index))
+        app = build_app(
+            config,
+            metrics=metrics,
+            config_path=path,
+            shared=sharing.load.row(index),
+            tracing=tracing_from_env(warn=index == 0),  # the router says it once, not N times
+        )
         refresher = asyncio.create_task(_refresh(metrics))
     served = await serve(app, sock)
     # Everything built so far lives as long as the process: keep it out of the collector's

@@ -3,6 +3,8 @@
 Without ``store`` and ``data_dir`` the SQLite store goes in Turnout's data directory after
 the XDG base directory convention: ``$XDG_DATA_HOME/turnout``, else
 ``~/.local/share/turnout``; the router creates it when it starts (router.batch.service).
+A PostgreSQL store needs the ``postgres`` extra; without it the config is refused here, at
+``check-config`` and at ``serve`` alike, rather than failing on its first connection.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def read_batch(m: Reader) -> BatchSettings:
     store = m.string("store", d.store)
     if store and not store.startswith(("sqlite:///", *_POSTGRES)):
         m.error("store", "expected sqlite:///PATH or postgresql://...")
+    elif store.startswith(_POSTGRES) and not _have_psycopg():
+        m.error("store", "a PostgreSQL store needs psycopg, which is not installed here: "
+                "pip install 'turnout[postgres]'")  # fmt: skip
     high = m.integer("max_concurrency", d.max_concurrency, low=1)
     low = m.integer("min_concurrency", d.min_concurrency, low=1, high=high)
     out = BatchSettings(
@@ -65,3 +70,13 @@ def _default_dir(m: Reader, store: str) -> str:
                 "or set XDG_DATA_HOME")  # fmt: skip
         return ""
     return str(home)
+
+
+def _have_psycopg() -> bool:
+    # Imported, not only looked up: a driver that is there but cannot load (its libpq) is
+    # as missing as one that is not.
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -131,23 +131,29 @@ class NoTracing:
         pass
 
 
-def tracing_from_env(service: str = "turnout") -> Tracing:
+def tracing_from_env(service: str = "turnout", *, warn: bool = True) -> Tracing:
     """OpenTelemetry tracing if the environment asks for an exporter and the extra is
-    installed; else :class:`NoTracing` (and nothing of OpenTelemetry is imported)."""
+    installed; else :class:`NoTracing` (and nothing of OpenTelemetry is imported).
+
+    When the environment asks but the extra (or the exporter it names) is missing, tracing
+    is off and, with ``warn``, one warning says so and names the install that fixes it (the
+    workers of ``--workers N`` but the first pass ``warn=False``: one line per router).
+    """
     env = os.environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return NoTracing()
-    if not any(env.get(v) for v in _EXPORTER_VARS):
-        return NoTracing()
-    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+    asked = [v for v in _EXPORTER_VARS if env.get(v)]
+    if not asked or env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
         return NoTracing()
     try:
         from router.observe.otel import OtelTracing
+
+        return OtelTracing.from_env(service)
     except ImportError as exc:
-        log.warning(
-            "tracing is off: OpenTelemetry's exporter is configured but the extra is not "
-            "installed (pip install 'turnout[otel]'): %s",
-            exc,
-        )
-        return NoTracing()
-    return OtelTracing.from_env(service)
+        problem = f"the otel extra is not installed ({exc})"
+    except ValueError as exc:  # an exporter that is not installed, a malformed OTEL_* value
+        problem = str(exc)
+    if warn:
+        log.warning("tracing is off: %s asks for it but %s; pip install 'turnout[otel]' "
+                    "brings the SDK and its OTLP exporter", asked[0], problem)  # fmt: skip
+    return NoTracing()
