@@ -20,7 +20,10 @@ closed by aiohttp's keep-alive timer, which runs from the moment a connection op
 
 :class:`GuardedHandler` subclasses aiohttp's ``RequestHandler`` and overrides its
 ``handle_error`` (public in name, not documented as an extension point): the integration
-tests' malformed-request corpus notices if an aiohttp upgrade changes it.
+tests' malformed-request corpus notices if an aiohttp upgrade changes it. Its
+``eof_received`` answers a half-closed client (aiohttp closes at once) and reads whether the
+handler is idle as aiohttp's own keep-alive timer does (its private ``_waiter``):
+tests/router/test_wire.py and tests/integration/test_half_close.py notice if that changes.
 """
 
 from __future__ import annotations
@@ -205,6 +208,17 @@ class GuardedHandler(RequestHandler):
         self._open.count -= 1
         self.flow.stop()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
+        # A half-close: the client sends nothing more but may still read (HTTP/1.1 allows
+        # it). aiohttp's own closes the connection at once, which cancels the request the
+        # client has sent; here that request is answered, and the connection closes after.
+        # Idle (waiting for a head, aiohttp's own test in _process_keepalive): close now.
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            return None
+        self.close()
+        return True
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -23,6 +23,10 @@ What it guarantees itself:
 - a client that reads none of its answer for ``limits.write_timeout`` is disconnected, and
   meanwhile the relay stops reading its upstream (:class:`FlowControl`);
 - a client that goes away cancels its request's task, which closes the upstream request;
+- a client that half-closes (shuts down its sending side, which HTTP/1.1 allows: it may still
+  read) gets the answers to the requests it sent whole, the last one saying ``Connection:
+  close``, then the connection closes; with none whole, it closes at once. From the
+  half-close on, its leaving is seen only when a write to it fails;
 - an answer sent before the request was read whole (a 401, a 408) says ``Connection: close``,
   and the connection closes once the rest of the request has been read (at most
   ``body_seconds`` more), so the client is not reset before it reads the answer;
@@ -215,6 +219,8 @@ class Wire(asyncio.Protocol):
         self._segment_done = False
         self._close_after = False
         self._paused_reading = False
+        self._eof = False
+        """The client half-closed: it sends nothing more (but may read its answers)."""
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -244,6 +250,14 @@ class Wire(asyncio.Protocol):
                 self._paused_reading = True
             return
         self._feed(data)
+
+    def eof_received(self) -> bool | None:
+        """A half-close: answer the request in hand (and those pipelined behind it), then
+        close; with none whole (idle, a head or body cut short) close now."""
+        if self._task is None or not self._message_done:
+            return None
+        self._eof = True
+        return True
 
     def pause_writing(self) -> None:
         if self._transport is not None:
@@ -398,9 +412,16 @@ class Wire(asyncio.Protocol):
             transport.resume_reading()
         if waiting:
             self._feed(bytes(waiting))
+        if self._eof and self._task is None:
+            self._close()  # half-closed, and nothing more came whole
 
     def _framing(self, framing: bytes) -> bytes:
-        if self._close_after or not self._message_done or self._connections.closing:
+        if (
+            self._close_after
+            or not self._message_done
+            or self._connections.closing
+            or (self._eof and not self._waiting)
+        ):
             return framing + b"Connection: close\r\n"
         return framing
 

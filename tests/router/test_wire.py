@@ -164,6 +164,78 @@ async def test_stop_closes_idle_connections_and_lets_a_stream_finish(tmp_path: P
         writer.close()
 
 
+async def test_a_half_closed_client_gets_its_answer_then_the_close(tmp_path: Path) -> None:
+    """A client that sends its request and shuts its sending side (HTTP/1.1 lets it read
+    on) gets the answer, marked Connection: close, even when the half-close comes while the
+    answer is still being produced; then the connection closes."""
+    async with in_process_router(tmp_path, config()) as ip:
+        reader, writer = await connect(ip)
+        writer.write(chat())
+        writer.write_eof()
+        (status, headers), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["choices"]
+        assert headers["connection"] == "close"
+        assert await closed(reader)
+        writer.close()
+        ip.engine.release.clear()
+        reader, writer = await connect(ip)
+        writer.write(chat(stream=True))
+        await asyncio.wait_for(ip.engine.streaming.wait(), 5)
+        writer.write(chat())  # pipelined behind the stream, in a segment of its own
+        await asyncio.sleep(0.05)
+        writer.write_eof()
+        await asyncio.sleep(0.05)
+        ip.engine.release.set()
+        (status, headers), body = await answer(reader)
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+        assert "connection" not in headers  # another request waits behind it
+        (status, headers), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["choices"]
+        assert headers["connection"] == "close"
+        assert await closed(reader)
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", chat()[:20], chat()[:-5]],  # idle; a head cut short; a body cut short
+    ids=["idle", "part-head", "part-body"],
+)
+async def test_a_half_close_without_a_whole_request_closes_at_once(
+    tmp_path: Path, sent: bytes
+) -> None:
+    async with in_process_router(tmp_path, config()) as ip:
+        reader, writer = await connect(ip)
+        writer.write(sent)
+        await asyncio.sleep(0.05)
+        writer.write_eof()
+        assert await closed(reader)
+        assert ip.engine.bodies == []
+        writer.close()
+
+
+async def test_aiohttps_connections_answer_a_half_closed_client_too(tmp_path: Path) -> None:
+    chunked = b'{"model":"%b","messages":[{"role":"user","content":"hi"}]}' % MODEL.encode()
+    async with in_process_router(tmp_path, config()) as ip:
+        reader, writer = await connect(ip)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"%x\r\n%b\r\n0\r\n\r\n" % (len(chunked), chunked)
+        )
+        writer.write_eof()
+        (status, _), body = await answer(reader)
+        assert status == 200 and orjson.loads(body)["choices"]
+        assert await closed(reader)
+        writer.close()
+        reader, writer = await connect(ip)  # idle on aiohttp's side: closed at once
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        (status, _), _ = await answer(reader)
+        assert status == 200 and ip.served.connections.lean == 0
+        writer.write_eof()
+        assert await closed(reader)
+        writer.close()
+
+
 _CHAT = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
 SPLIT_CASES = {
     "lean": (chat(), 200),

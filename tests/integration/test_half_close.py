@@ -1,0 +1,80 @@
+"""A client that sends its request and then shuts down its sending side (a half-close, which
+HTTP/1.1 allows: it can still read) gets its answer, from a real router process in front of
+an emulator, on both of the router's HTTP servers (issue 26). Before, the router took the
+half-close for a departure and cancelled the request: the client read nothing."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import orjson
+import pytest
+
+from tests.procs import Process, start_emulator
+from tests.router.harness import base_config, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    with start_emulator("vllm", time_scale=50) as emu:
+        doc = base_config([("a", "vllm", emu.url)])
+        with start_router(write_config(tmp_path_factory.mktemp("half"), doc)) as proc:
+            yield proc
+
+
+def _chat(stream: bool) -> bytes:
+    doc = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    return orjson.dumps({**doc, "stream": stream})
+
+
+def _post(body: bytes) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+
+
+REQUESTS = {
+    "lean": _post(_chat(False)),
+    "lean, streamed": _post(_chat(True)),
+    "chunked: aiohttp's": (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n"
+        % (len(_chat(False)), _chat(False))
+    ),
+    "another route: aiohttp's": b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+
+
+def half_closed(router: Process, request: bytes) -> bytes:
+    """Send ``request``, shut the sending side, read until the router closes."""
+    url = urlsplit(router.url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        received = b""
+        while data := sock.recv(65536):
+            received += data
+        return received
+
+
+@pytest.mark.parametrize("name", list(REQUESTS))
+def test_a_half_closed_client_gets_its_whole_answer(router: Process, name: str) -> None:
+    received = half_closed(router, REQUESTS[name])
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), received[:200]
+    if name == "another route: aiohttp's":
+        assert orjson.loads(body)["data"][0]["id"] == MODEL
+    elif name == "lean, streamed":
+        assert body.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")  # the stream's last chunk
+    else:
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        assert orjson.loads(body[:length])["choices"][0]["message"]["content"]
+
+
+def test_a_half_close_with_nothing_sent_closes_the_connection(router: Process) -> None:
+    assert half_closed(router, b"") == b""  # at once, not after the idle limit (75 s)
