@@ -37,15 +37,14 @@ from router.proxy.state import RouterState
 from router.proxy.utility import UTILITY_PATHS, forward
 from router.reload import Reloader
 from router.server.answer import Serve
+from router.server.descriptors import BACKLOG, Budget, connection_budget, open_descriptors
 from router.server.errors import SERVER, RouterError, error_response
-from router.server.site import AiohttpClient, handler_options, single_headers
+from router.server.site import AiohttpClient, Cap, handler_options, single_headers
 from router.server.wire import Connections, LeanSite
 
 log = logging.getLogger("router")
 STATE = web.AppKey("state", RouterState)
 RELOADER = web.AppKey("reloader", Reloader)
-# aiohttp's default of 128 drops SYNs when hundreds of clients connect at once (+1 s each).
-BACKLOG = 2048
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -331,12 +330,13 @@ async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[N
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """A running router: its runner (for cleanup), the URL it listens on and its lean
-    server's connections."""
+    """A running router: its runner (for cleanup), the URL it listens on, its lean
+    server's connections and the descriptor budget they were sized in."""
 
     runner: web.AppRunner
     url: str
     connections: Connections
+    budget: Budget
 
 
 async def serve(app: web.Application, sock: socket.socket) -> Served:
@@ -345,6 +345,8 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
     ``handler_cancellation``: a client disconnect cancels the handler, which closes the
     upstream request at once and frees the engine's slot. TCP_NODELAY is set on every
     accepted socket (aiohttp's base protocol) and upstream socket (router.proxy.connection).
+    The connection cap and the listen backlog are sized within the descriptors left once the
+    app has started (router.server.descriptors).
     """
     state = app[STATE]
     config = state.config
@@ -359,19 +361,33 @@ async def serve(app: web.Application, sock: socket.socket) -> Served:
         **options,
     )
     await runner.setup()
+    budget = connection_budget(config, open_descriptors())
+    if budget.lowered(config.limits.max_connections):
+        log.warning(
+            "limits.max_connections lowered from %d to %d: the file descriptor limit is %d, "
+            "%d are open and %d kept for probes, mirrors and batch lines, and each connection "
+            "may need one more for its upstream request (raise the hard limit, ulimit -Hn, "
+            "for more)",
+            config.limits.max_connections,
+            budget.max_connections,
+            budget.soft_limit,
+            budget.open_at_start,
+            budget.reserved,
+        )
     site = LeanSite(
         runner,
         sock,
         config.limits,
         options,
-        backlog=BACKLOG,
+        backlog=budget.backlog,
+        cap=Cap(budget.max_connections, state.metrics.connection_refused),
         routes=proxied_routes(state),
         max_body=config.listen.max_body_bytes,
         connections=connections,
     )
     await site.start()
     host, port = sock.getsockname()[:2]
-    return Served(runner, f"http://{host}:{port}", connections)
+    return Served(runner, f"http://{host}:{port}", connections, budget)
 
 
 def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:

@@ -38,6 +38,7 @@ from router.control.auth import Gate, exposure_warning
 from router.observe.metrics import Metrics
 from router.observe.tracing import tracing_from_env
 from router.server.children import Children
+from router.server.descriptors import raise_soft_limit
 from router.workers import Sharing, supervise
 
 log = logging.getLogger("router")
@@ -155,6 +156,10 @@ def serve_main(argv: list[str]) -> int:
         return 1
     for key, message in env_warnings(config):
         log.warning("%s: %s", key, message)
+    # Before the emulators and workers start, so they inherit it.
+    before, after = raise_soft_limit()
+    if after != before:
+        log.info("file descriptor limit raised from %d to %d", before, after)
     if (exposed := exposure_warning(listen.host, config.require_api_key)) is not None:
         log.warning("%s", exposed)
     _exit_now(_serve(config, listen, sock, args.workers, path))

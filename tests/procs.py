@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,18 +46,27 @@ def start_process(
     cwd: Path = ROOT,
     env: dict[str, str] | None = None,
     stderr: Path | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[Process]:
     """Start ``argv`` in ``cwd``; wait up to ``timeout`` s for a stdout line ``PREFIX
     http://HOST:PORT``.
 
     Stdout after the ready line is copied to our stderr by a thread, so a chatty child never
     blocks on a full pipe; with ``lines``, each whole line is also appended there. With
-    ``stderr``, the child's stderr (its log) is written to that file instead. The process is
+    ``stderr``, the child's stderr (its log) is written to that file instead. ``preexec_fn``
+    runs in the child before ``argv`` does (to lower a resource limit, say). The process is
     always terminated, then killed after ``grace`` seconds.
     """
     with contextlib.ExitStack() as files:
         err = None if stderr is None else files.enter_context(stderr.open("wb"))
-        proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            preexec_fn=preexec_fn,
+        )
     drain: threading.Thread | None = None
     try:
         url = _wait_ready(proc, ready_line_prefix, timeout)

@@ -306,6 +306,11 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self._refused = Counter(
+            "turnout_connections_refused_total",
+            "Client connections answered 503 and closed: the connection cap was reached.",
+            registry=r,
+        )
         # Every reason exported at 0 from the start, so rate() and alerts see the series
         # before the first drop (Prometheus' advice for known label values).
         for reason in CAPTURE_DROP_REASONS:
@@ -452,6 +457,9 @@ class Metrics:
 
     def panic_routing(self, model: str) -> None:
         self._panic.labels(model).inc()
+
+    def connection_refused(self) -> None:
+        self._refused.inc()
 
     def capture_dropped(self, reason: str) -> None:
         self._dropped.labels(reason).inc()

@@ -10,7 +10,8 @@ be configured from outside:
   buffer is full, which starts one timer; ``resume_writing`` stops it. While paused, the
   relay's ``write`` waits, so the router stops reading from the upstream and the upstream's
   TCP window closes: a slow client throttles its engine instead of growing router memory.
-- :class:`GuardedSite` caps open connections (the next one gets a 503 and is closed).
+- :class:`GuardedSite` caps open connections (the next one gets a 503 and is closed; a run
+  of refusals is logged once, :class:`Cap`).
 - :func:`single_headers` refuses a request that repeats a header the router acts on (two
   ``Authorization`` or ``X-Turnout-Policy`` values would otherwise be read as the first
   by the router and maybe as the last by something else).
@@ -31,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -261,6 +262,46 @@ _FULL = (
 )
 
 
+class Cap:
+    """The most connections a site holds open, and the refusals past it.
+
+    A run of refusals is logged when it begins and when it ends (a connection accepted with
+    more than a tenth of the cap free again), not once a connection: a crowd of clients would
+    otherwise flood the log at the moment the router is least able to afford it.
+    """
+
+    __slots__ = ("_on_refused", "_resume", "limit", "refused")
+
+    def __init__(self, limit: int, on_refused: Callable[[], None] = lambda: None) -> None:
+        self.limit = limit
+        self._resume = limit - 1 - limit // 10
+        self._on_refused = on_refused
+        self.refused = 0
+        """Connections refused in the current run (0: none is under way)."""
+
+    def full(self, open_now: int) -> bool:
+        """Whether a new connection, with ``open_now`` open, is to be refused."""
+        if open_now < self.limit:
+            if self.refused and open_now <= self._resume:
+                log.info(
+                    "accepting connections again: %d open, %d refused since the limit of %d "
+                    "was reached",
+                    open_now,
+                    self.refused,
+                    self.limit,
+                )
+                self.refused = 0
+            return False
+        if not self.refused:
+            log.warning(
+                "connection limit of %d reached: new connections get 503 until some close",
+                self.limit,
+            )
+        self.refused += 1
+        self._on_refused()
+        return True
+
+
 class _Refuse(asyncio.Protocol):
     """The answer for a connection beyond ``max_connections``: 503, then close."""
 
@@ -273,7 +314,7 @@ class _Refuse(asyncio.Protocol):
 class GuardedSite(web.SockSite):
     """A ``SockSite`` whose connections are :class:`GuardedHandler`, at most a set number."""
 
-    __slots__ = ("_limits", "_options", "opened")
+    __slots__ = ("_limits", "_options", "cap", "opened")
 
     def __init__(
         self,
@@ -284,19 +325,22 @@ class GuardedSite(web.SockSite):
         *,
         backlog: int,
         opened: Opened | None = None,
+        cap: Cap | None = None,
     ) -> None:
+        """``cap``: the connection cap (default: ``limits.max_connections``)."""
         super().__init__(runner, sock, backlog=backlog)
         self._limits = limits
         self._options = options
         self.opened = opened if opened is not None else Opened()
+        self.cap = cap if cap is not None else Cap(limits.max_connections)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         loop = asyncio.get_running_loop()
-        opened, cap = self.opened, self._limits.max_connections
+        opened, full = self.opened, self.cap.full
 
         def connection() -> asyncio.BaseProtocol:
-            return _Refuse() if opened.count >= cap else self.connection()
+            return _Refuse() if full(opened.count) else self.connection()
 
         self._server = await loop.create_server(connection, sock=self._sock, backlog=self._backlog)
 

@@ -6,7 +6,7 @@ import contextlib
 import http.client
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,13 +56,17 @@ def start_router(
     lines: list[str] | None = None,
     stderr: Path | None = None,
     env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[Process]:
     """``python -m turnout serve --port 0`` (the embedded default when ``config`` is None);
-    its stdout lines (the access log) go to ``lines`` if given, its log to ``stderr``."""
+    its stdout lines (the access log) go to ``lines`` if given, its log to ``stderr``;
+    ``preexec_fn``: as :func:`tests.procs.start_process`'s."""
     argv = [sys.executable, "-m", "turnout", "serve", "--port", "0", *args]
     if config is not None:
         argv += ["--config", str(config)]
-    with start_process(argv, READY, timeout, lines=lines, stderr=stderr, env=env) as proc:
+    with start_process(
+        argv, READY, timeout, lines=lines, stderr=stderr, env=env, preexec_fn=preexec_fn
+    ) as proc:
         yield proc
 
 
