@@ -180,10 +180,14 @@ def _json(doc: object) -> str:
 def render_html(report: Mapping[str, Any], samples: Samples, *, extra: str = "") -> str:
     """The whole page as one string; ``extra`` is more of the page (trusted markup) after
     the plots, whose scripts may read ``report``."""
-    summary = (
-        f"{html.escape(str(report['file']))} ({html.escape(str(report['format']))}) "
-        f"against {html.escape(str(report['target']))}, {html.escape(str(report['mode']))} mode"
-    )
+    merged = report.get("merged_from")
+    if merged is not None:
+        summary = "Merged from " + html.escape(", ".join(map(str, merged)))
+    else:
+        summary = (
+            f"{html.escape(str(report['file']))} ({html.escape(str(report['format']))}) against "
+            f"{html.escape(str(report['target']))}, {html.escape(str(report['mode']))} mode"
+        )
     if report.get("simulated"):
         summary = "Simulated in virtual time: " + summary
     values = {

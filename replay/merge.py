@@ -1,12 +1,13 @@
 """``replay merge``: one report from the ``--results`` files of several replay processes.
 
 A trace too large for one load generator is split with ``--shard I/N`` (for instance by a
-Kubernetes Indexed Job). Each shard writes its per-request results; merging recomputes every
-figure from those lines, so percentiles are exact, not averages of averages. Shards are taken
-to have started together: a run's duration is the latest ``t_offset_ms + e2e_ms`` over all of
-its lines (each shard's offsets count from that shard's own start), as the replay's own report
-computes it, so merging one replay's results gives its report's figures back. Runs keep the
-order in which they first appear (the order the replay ran them in).
+Kubernetes Indexed Job; a simulation, with ``--time-shard I/N``). Each shard writes its
+per-request results; merging recomputes every figure from those lines, so percentiles are
+exact, not averages of averages. Shards are taken to have started together: a run's duration
+is the latest ``t_offset_ms + e2e_ms`` over all of its lines (each shard's offsets count from
+that shard's own start), as the replay's own report computes it, so merging one replay's
+results gives its report's figures back. Runs keep the order in which they first appear (the
+order the replay ran them in).
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from replay.client import Result, request_class
-from replay.replayer import dumps_report
+from replay.options import HelpFormatter, write_outputs
 from replay.report import RunReport, render_tables
 from turnout.common.capture import CaptureFormatError, CaptureRecord, parse_line
 
@@ -57,8 +57,8 @@ def _records(paths: Iterable[str]) -> Iterator[tuple[str, int, CaptureRecord]]:
                     yield path, n, parse_line(line)
 
 
-def merge_results(paths: list[str]) -> dict[str, Any]:
-    """The ``report.json`` of the union of ``paths``; raises ValueError on a bad line."""
+def merge_runs(paths: list[str]) -> list[RunReport]:
+    """The runs of the union of ``paths``; raises ValueError on a bad line."""
     runs: dict[str | None, RunReport] = {}  # in order of first appearance
     try:
         for path, n, rec in _records(paths):
@@ -73,6 +73,11 @@ def merge_results(paths: list[str]) -> dict[str, Any]:
             run.add(r, end=end)
     except CaptureFormatError as e:
         raise ValueError(str(e)) from None
+    return list(runs.values())
+
+
+def merged_report(paths: list[str], runs: list[RunReport]) -> dict[str, Any]:
+    """The ``report.json`` of ``runs``, merged from ``paths``."""
     return {
         "file": None,
         "format": "results",
@@ -80,25 +85,29 @@ def merge_results(paths: list[str]) -> dict[str, Any]:
         "target": None,
         "mode": "merged",
         "speed": None,
-        "runs": [run.to_dict() for run in runs.values()],
+        "runs": [run.to_dict() for run in runs],
     }
 
 
 def main(argv: list[str]) -> int:
-    """``replay merge RESULTS... [--out report.json]``."""
+    """``replay merge RESULTS... [--out report.json] [--html report.html]``."""
     p = argparse.ArgumentParser(
-        prog="replay merge", description="One report from several --results files (shards)."
+        prog="replay merge",
+        description="One report from several --results files (shards).",
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("results", nargs="+", metavar="RESULTS.jsonl")
-    p.add_argument("--out", metavar="report.json")
+    p.add_argument(
+        "results", nargs="+", metavar="RESULTS.jsonl", help="replay's or simulate's --results"
+    )
+    p.add_argument("--out", metavar="report.json", help="report JSON (vLLM metric names)")
+    p.add_argument("--html", metavar="report.html", help="self-contained page with CDF plots")
     a = p.parse_args(argv)
     try:
-        report = merge_results(a.results)
+        runs = merge_runs(a.results)
     except (OSError, ValueError) as e:
         print(f"replay merge: {e}", file=sys.stderr)
         return 2
+    report = merged_report(a.results, runs)
     print(render_tables(report))
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_bytes(dumps_report(report))
+    write_outputs(report, runs, a.out, a.html)
     return 0

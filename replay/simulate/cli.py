@@ -1,10 +1,10 @@
 """``replay simulate FILE --config router.yaml --policy A --policy B [--set KEY=V1,V2]...``.
 
-Reads what ``replay`` reads, with the same schedule options, and writes the same outputs
-(terminal tables, ``--out`` report JSON, ``--results`` lines, ``--html``), marked as simulated.
-Each policy runs once per grid point of the ``--set`` options, each run on fresh engines.
-``--shard I/N`` simulates the I-th of N equal time windows of the schedule (times stay on the
-whole schedule's base, so ``replay merge`` joins the shards' results).
+Reads what ``replay`` reads, with the same options (:mod:`replay.options`), and writes the
+same outputs (terminal tables, ``--out`` report JSON, ``--results`` lines, ``--html``), marked
+as simulated. Each policy runs once per grid point of the ``--set`` options, each run on fresh
+engines. ``--time-shard I/N`` simulates the I-th of N equal time windows of the schedule
+(times stay on the whole schedule's base, so ``replay merge`` joins the pieces' results).
 """
 
 from __future__ import annotations
@@ -17,17 +17,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from replay.cli import _positive, _shard, _window, add_sessions_option
 from replay.client import Result
-from replay.html import collect_samples, render_html
-from replay.plan import Plan, Planned, PlanOptions, dry_run
-from replay.replayer import dumps_report, result_line
+from replay.options import (
+    HelpFormatter,
+    add_common_options,
+    plan_options,
+    print_plan,
+    shard,
+    write_outputs,
+)
+from replay.plan import Plan, Planned, dry_run
+from replay.replayer import result_line
 from replay.report import RunReport, render_tables
 from replay.simulate.loop import Simulation
 from replay.simulate.pareto import pareto_points, render_pareto
 from replay.simulate.sweep import Setting, apply, grid, label, parse_set
 from replay.simulate.world import World
-from replay.sources import FORMATS, Item, Source, SourceError, detect_format
+from replay.sources import Item, Source, SourceError, detect_format
 from router.cli import default_config_path
 from router.config.model import ConfigError, RouterConfig
 from router.config.parse import load_document, parse_config
@@ -38,16 +44,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="replay simulate",
         description="Replay a trace through the router's policies and engine models in "
         "virtual time (no sockets, no sleeping); the same report as replay, marked simulated.",
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("file", help="capture, Mooncake, Azure, BurstGPT or OpenAI Batch file")
+    add_common_options(p)
     p.add_argument("--config", help="router config (default: the embedded default)")
-    p.add_argument(
-        "--policy",
-        action="append",
-        dest="policies",
-        metavar="NAME",
-        help="one run each (default: the config's default_policy)",
-    )
     p.add_argument(
         "--profile",
         action="append",
@@ -63,17 +63,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=V1,V2",
         help="sweep a config key path over values (several: the grid)",
     )
-    p.add_argument("--format", choices=FORMATS)
-    p.add_argument("--speed", type=_positive(float), default=1.0, help="offsets divided by X")
-    p.add_argument("--rate", type=_positive(float), help="requests/s for files without times")
-    p.add_argument("--max-requests", type=_positive(int), metavar="N")
-    p.add_argument("--max-gap", type=_positive(float), metavar="SECONDS")
-    p.add_argument("--window", type=_window, metavar="START:END")
-    p.add_argument("--shard", type=_shard, metavar="I/N", help="the I-th of N time windows")
-    add_sessions_option(p)
-    p.add_argument("--out", metavar="report.json")
-    p.add_argument("--results", metavar="results.jsonl")
-    p.add_argument("--html", metavar="report.html")
+    p.add_argument(
+        "--time-shard",
+        type=shard,
+        metavar="I/N",
+        help="only the I-th of N equal time windows of the schedule (N processes, one "
+        "simulation; replay merge joins their results)",
+    )
     return p
 
 
@@ -101,13 +97,7 @@ class Simulator:
         self.doc = doc
         self.base = config
         self.profiles = _profiles(a.profile)
-        self.plan = PlanOptions(
-            speed=a.speed,
-            max_gap=a.max_gap,
-            window=a.window,
-            max_requests=a.max_requests,
-            rate=a.rate,
-        )
+        self.plan = plan_options(a)
         self.format: str | None = a.format
         self.runs: list[RunReport] = []
         self.meta: list[dict[str, Any]] = []
@@ -120,14 +110,24 @@ class Simulator:
         return src
 
     def shard_bounds(self, model: str) -> None:
-        """The shard's time window over the schedule's whole span."""
-        if self.a.shard is None:
+        """The time shard's window over the schedule's whole span."""
+        if self.a.time_shard is None:
             return
-        i, n = self.a.shard
+        i, n = self.a.time_shard
         span = dry_run(Plan(self._source(model), self.plan)).duration
         width = span / n
         self.lo = i * width
         self.hi = None if i == n - 1 else (i + 1) * width
+
+    def print_plan(self) -> None:
+        """``--dry-run``: replay's plan printout, and the time shard's window."""
+        model = World(self.base, self.profiles).model()
+        print_plan(self.a, model)
+        if self.a.time_shard is not None:
+            self.shard_bounds(model)
+            i, n = self.a.time_shard
+            end = "its end" if self.hi is None else f"{self.hi:.3f} s"
+            print(f"time shard  {i}/{n}: from {self.lo:.3f} s to {end} of the schedule")
 
     def run_all(self, results: IO[bytes] | None) -> None:
         sweeps = [parse_set(s) for s in self.a.sets]
@@ -143,7 +143,7 @@ class Simulator:
         if policy not in world.policies:
             known = ", ".join(world.policies)
             raise ValueError(f"unknown policy {policy!r} (known: {known})")
-        if self.a.shard is not None and not self.runs:
+        if self.a.time_shard is not None and not self.runs:
             self.shard_bounds(world.model())
         name = label(policy, setting)
         report = RunReport(name)
@@ -190,7 +190,8 @@ class Simulator:
             "simulated": True,
             "config": a.config,
             "shard": list(a.shard) if a.shard else None,
-            "window_s": [self.lo, self.hi] if a.shard else None,
+            "time_shard": list(a.time_shard) if a.time_shard else None,
+            "window_s": [self.lo, self.hi] if a.time_shard else None,
             "sweep": [parse_set(s).key for s in a.sets],
             "runs": runs,
         }
@@ -206,6 +207,9 @@ def main(argv: list[str]) -> int:
         path = a.config or str(default_config_path())
         doc = load_document(path)
         sim = Simulator(a, doc, parse_config(doc))
+        if a.dry_run:
+            sim.print_plan()
+            return 0
         if (a.format or detect_format(a.file)) == "openai-batch" and not a.rate:
             raise ValueError("a Batch file has no arrival times: give --rate R")
         for p in (a.out, a.results, a.html):
@@ -231,9 +235,5 @@ def main(argv: list[str]) -> int:
             f"simulated {run['policy']}: {m['virtual_seconds']:.1f} s of traffic in "
             f"{m['cpu_seconds']:.2f} s CPU ({speedup:,.0f}x real time, {m['events']} events)"
         )
-    if a.out:
-        Path(a.out).write_bytes(dumps_report(report))
-    if a.html:
-        page = render_html(report, collect_samples(sim.runs), extra=render_pareto(report))
-        Path(a.html).write_text(page, encoding="utf-8")
+    write_outputs(report, sim.runs, a.out, a.html, extra=render_pareto(report))
     return 0

@@ -13,6 +13,7 @@ import pytest
 from replay.simulate.cli import main as simulate_main
 from tests.fixtures import AZURE
 from tests.procs import run_replay, start_emulator
+from tests.router.harness import base_config, start_router, write_config
 
 CHROMIUM = shutil.which("chromium")
 FLAGS = [
@@ -27,25 +28,14 @@ FLAGS = [
 ]
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="no chromium on PATH: the HTML report was not checked in a browser "
-    "(`make browser`, part of `make test`, installs it)",
-)
-def test_report_page_renders_the_report_numbers(tmp_path: Path) -> None:
-    out, page = tmp_path / "report.json", tmp_path / "report.html"
-    with start_emulator("deepinfer", time_scale=50, seed=1) as emu:
-        args = ["--target", emu.url, "--max-requests", "20", "--speed", "20"]
-        args += ["--policy", "round-robin", "--policy", "adaptive"]
-        args += ["--out", str(out), "--html", str(page)]
-        p = run_replay(str(AZURE), *args)
-    assert p.returncode == 0, p.stderr
+def _check_page(page: Path, out: Path, profile: Path) -> None:
+    """``page`` renders in chromium without console errors and shows ``out``'s numbers."""
     source = page.read_text()
     # self-contained: nothing to fetch
     assert not re.search(r"(src|href)\s*=|url\(|fetch\(|XMLHttpRequest|<link|import\(", source)
 
     assert CHROMIUM is not None
-    argv = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    argv = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}"]
     argv += ["--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -70,6 +60,32 @@ def test_report_page_renders_the_report_numbers(tmp_path: Path) -> None:
         label = f"{run['policy']}: mean {m['mean_ttft_ms']:.1f} ms, P95 {m['p95_ttft_ms']:.1f} ms"
         assert label in dom
     assert dom.count("<polyline") == len(attrs)
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no chromium on PATH: the HTML report was not checked in a browser "
+    "(`make browser`, part of `make test`, installs it)",
+)
+def test_report_page_renders_the_report_numbers(tmp_path: Path) -> None:
+    out, page = tmp_path / "report.json", tmp_path / "report.html"
+    results = tmp_path / "results.jsonl"
+    with (
+        start_emulator("deepinfer", time_scale=50, seed=1) as emu,
+        start_router(write_config(tmp_path, base_config([("di", "deepinfer", emu.url)]))) as r,
+    ):
+        args = ["--target", r.url, "--max-requests", "20", "--speed", "20"]
+        args += ["--policy", "round-robin", "--policy", "class-split"]
+        args += ["--out", str(out), "--html", str(page), "--results", str(results)]
+        p = run_replay(str(AZURE), *args)
+    assert p.returncode == 0, p.stderr
+    _check_page(page, out, tmp_path / "profile")
+    # replay merge --html writes the same page, from the results lines
+    merged_out, merged_page = tmp_path / "merged.json", tmp_path / "merged" / "merged.html"
+    m = run_replay("merge", str(results), "--out", str(merged_out), "--html", str(merged_page))
+    assert m.returncode == 0, m.stderr
+    _check_page(merged_page, merged_out, tmp_path / "profile-merged")
+    assert f"Merged from {results}" in merged_page.read_text()
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (`make browser` installs it)")

@@ -8,14 +8,17 @@ its ``--results`` / ``--shadow-results`` files is compared with the report it pr
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 
-from replay.merge import merge_results
+from replay.merge import main as merge_main
+from replay.merge import merge_runs, merged_report
 from replay.replayer import Replayer, ReplayOptions, build_report
 from replay.report import render_tables
 from tests.replay.served import served
@@ -65,6 +68,10 @@ def _capture(path: Path) -> None:
             f.write(dump_line(rec))
 
 
+def _merged(paths: list[str]) -> dict[str, Any]:
+    return merged_report(paths, merge_runs(paths))
+
+
 def _same(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
     for key in COUNTS:
         assert got[key] == want[key], (what, key)
@@ -93,8 +100,8 @@ async def test_merge_of_a_runs_results_is_its_report(
     )
     replayer = Replayer(opts)
     report = build_report(opts, "capture", await replayer.run())
-    merged = merge_results([str(results)])
-    merged_shadow = merge_results([str(shadow_results)])
+    merged = _merged([str(results)])
+    merged_shadow = _merged([str(shadow_results)])
 
     # the runs in the order they ran, as the report has them
     assert [r["policy"] for r in merged["runs"]] == ["round-robin", "adaptive"]
@@ -113,6 +120,30 @@ async def test_merge_of_a_runs_results_is_its_report(
         assert m["duration"] < run["shadow"]["overall"]["duration"]
 
 
+async def test_merge_html_is_the_replays_page_of_the_merged_report(
+    target: str, tmp_path: Path
+) -> None:
+    capture, results = tmp_path / "capture.jsonl", tmp_path / "results.jsonl"
+    _capture(capture)
+    opts = ReplayOptions(
+        file=str(capture), target=target, policies=("round-robin", "adaptive"), model="m",
+        results=str(results),
+    )  # fmt: skip
+    await Replayer(opts).run()
+    out, page = tmp_path / "merged.json", tmp_path / "pages" / "merged.html"
+    assert merge_main([str(results), "--out", str(out), "--html", str(page)]) == 0
+    html = page.read_text()
+    embedded = re.search(r'<script type="application/json" id="(\w+)">(.*?)</script>', html, re.S)
+    assert embedded is not None and embedded.group(1) == "report"
+    assert orjson.loads(embedded.group(2)) == orjson.loads(out.read_bytes())
+    samples = re.search(r'<script type="application/json" id="samples">(.*?)</script>', html)
+    assert samples is not None
+    curves = orjson.loads(samples.group(1))
+    assert sorted(curves) == ["adaptive", "round-robin"]
+    assert all(len(curves[run]["all"]["ttft"]) == REQUESTS for run in curves)
+    assert f"Merged from {results}" in html
+
+
 def test_merged_table_names_the_merge_not_a_target(tmp_path: Path) -> None:
     line = (
         b'{"custom_id":"a","url":"/v1/chat/completions","body":{},"t_offset_ms":0,'
@@ -124,6 +155,6 @@ def test_merged_table_names_the_merge_not_a_target(tmp_path: Path) -> None:
         path = tmp_path / f"results-{i}.jsonl"
         path.write_bytes(line.replace(b'"a"', f'"a{i}"'.encode()))
         paths.append(str(path))
-    title = render_tables(merge_results(paths)).splitlines()[0]
+    title = render_tables(_merged(paths)).splitlines()[0]
     assert title == "All requests (merged from 2 results files)"
     assert "None" not in title

@@ -15,7 +15,7 @@ import yaml
 from policies.registry import BackendInfo
 from policies.types import Candidate, Decision, Outcome, RequestInfo
 from replay.client import Result
-from replay.merge import merge_results
+from replay.merge import merge_runs, merged_report
 from replay.plan import Plan, PlanOptions
 from replay.simulate.cli import main
 from replay.simulate.loop import Simulation
@@ -201,12 +201,8 @@ def test_time_window_shards_merge_into_the_whole_trace(tmp_path: Path) -> None:
     parts = []
     for i in range(3):
         res = tmp_path / f"res-{i}.jsonl"
-        assert (
-            main(
-                [str(trace), "--policy", "round-robin", "--shard", f"{i}/3", "--results", str(res)]
-            )
-            == 0
-        )
+        argv = [str(trace), "--policy", "round-robin", "--time-shard", f"{i}/3"]
+        assert main([*argv, "--results", str(res)]) == 0
         parts.append([json.loads(line) for line in res.read_text().splitlines()])
     sent = [[line["t_offset_ms"] for line in part] for part in parts]
     span = 39 * 150.0  # ms, first to last arrival
@@ -216,7 +212,8 @@ def test_time_window_shards_merge_into_the_whole_trace(tmp_path: Path) -> None:
         )
     ids = sorted(line["custom_id"] for part in parts for line in part)
     assert ids == sorted(f"mooncake-{n}" for n in range(40))
-    report = merge_results([str(tmp_path / f"res-{i}.jsonl") for i in range(3)])
+    paths = [str(tmp_path / f"res-{i}.jsonl") for i in range(3)]
+    report = merged_report(paths, merge_runs(paths))
     (run,) = report["runs"]
     assert run["overall"]["completed"] == 40
     assert run["overall"]["duration"] > span / 1000.0
