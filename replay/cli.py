@@ -15,6 +15,7 @@ from replay.merge import main as merge_main
 from replay.options import (
     HelpFormatter,
     add_common_options,
+    exit_status,
     plan_options,
     positive,
     print_plan,
@@ -41,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
             "Also: replay convert FILE -o CAPTURE [--format F] (any trace -> capture.jsonl); "
             "replay merge RESULTS... [--out report.json] [--html report.html] (one report "
             "from shards' results); replay simulate FILE [--config C] [--policy P]... "
-            "[--set KEY=V1,V2] (virtual time)"
+            "[--set KEY=V1,V2] (virtual time). Exit status: 0 when the replay ran (failed "
+            "requests are summarised), 1 when every request of a run failed, 2 for bad input."
         ),
         formatter_class=HelpFormatter,
     )
@@ -169,4 +171,4 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report(opts, replayer.format, runs)
     print(render_tables(report))
     write_outputs(report, runs, a.out, a.html)
-    return 0
+    return exit_status("replay", report)

@@ -8,14 +8,15 @@ policies over engine models in virtual time). ``--dry-run`` prints that schedule
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from replay.html import collect_samples, render_html
 from replay.plan import Plan, PlanOptions, dry_run
 from replay.replayer import dumps_report
-from replay.report import RunReport
+from replay.report import RunReport, failed_runs
 from replay.sources import FORMATS, SESSION_MODES, Source
 
 
@@ -167,3 +168,13 @@ def write_outputs(
     if page:
         text = render_html(report, collect_samples(runs), extra=extra)
         Path(page).write_text(text, encoding="utf-8")
+
+
+def exit_status(prog: str, report: Mapping[str, Any]) -> int:
+    """1 (saying so) when every request of a run failed, else 0."""
+    failed = failed_runs(report)
+    if not failed:
+        return 0
+    what = "every request" if len(report["runs"]) == 1 else f"every request of {', '.join(failed)}"
+    print(f"{prog}: {what} failed; the reasons are above", file=sys.stderr)
+    return 1

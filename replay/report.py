@@ -13,6 +13,11 @@ from replay.client import Result
 from replay.stats import Column
 
 Metrics = dict[str, float | int | None]
+REASONS = 16
+"""Distinct failure reasons a run tells apart; later ones are counted as one (bounded)."""
+_REASON_CHARS = 160
+SHOWN_REASONS = 3
+"""Reasons the terminal summary names per run (the report JSON has them all)."""
 
 
 class Acc:
@@ -94,6 +99,45 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
+def failure_reason(r: Result) -> str:
+    """Why ``r`` failed, without its status: the error's code (or type) and message."""
+    err = r.error
+    if err is None:
+        return "no content" if r.status == 200 else ""
+    label = next((v for v in (err.get("code"), err.get("type")) if isinstance(v, str)), "")
+    message = err.get("message")
+    text = message[:_REASON_CHARS] if isinstance(message, str) else ""
+    if text == f"HTTP {r.status}":  # the client's stand-in for an error without a body
+        text = ""
+    return ": ".join(part for part in (label, text) if part)
+
+
+class Failures:
+    """How many requests failed for which reason (status and :func:`failure_reason`)."""
+
+    __slots__ = ("counts", "other")
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[int, str], int] = {}
+        self.other = 0
+
+    def add(self, r: Result) -> None:
+        """Count a failed result."""
+        key = (r.status, failure_reason(r))
+        if key in self.counts or len(self.counts) < REASONS:
+            self.counts[key] = self.counts.get(key, 0) + 1
+        else:
+            self.other += 1
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """``[{status, reason, count}]``, most frequent first; status 0: no HTTP answer."""
+        ranked = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        out = [{"status": st, "reason": why, "count": n} for (st, why), n in ranked]
+        if self.other:
+            out.append({"status": None, "reason": "other reasons", "count": self.other})
+        return out
+
+
 class Agreement:
     """How often a shadow target answered like the primary one."""
 
@@ -139,6 +183,7 @@ class RunReport:
     def __init__(self, policy: str | None, *, shadow_target: str | None = None) -> None:
         self.policy = policy
         self.overall = Acc()
+        self.failures = Failures()
         self.by_class: dict[str, Acc] = {}
         self.by_backend: dict[str, int] = {}
         self.shadow_target = shadow_target
@@ -153,6 +198,8 @@ class RunReport:
         if end is not None:
             self.duration = max(self.duration, end)
         self.overall.add(r)
+        if not r.ok:
+            self.failures.add(r)
         self.by_class.setdefault(r.request_class, Acc()).add(r)
         key = r.backend or "none"
         self.by_backend[key] = self.by_backend.get(key, 0) + 1
@@ -175,6 +222,7 @@ class RunReport:
             "overall": self.overall.metrics(d),
             "by_class": {k: v.metrics(d) for k, v in sorted(self.by_class.items())},
             "by_backend": {k: {"requests": n} for k, n in sorted(self.by_backend.items())},
+            "failures": self.failures.to_list(),
         }
         if self.shadow_target is not None:
             sd = max(self.shadow_duration, 1e-9) if self.shadow_duration else d
@@ -263,4 +311,32 @@ def render_tables(report: Mapping[str, Any]) -> str:
                 f"{a['finish_reason']:.1%}, output tokens {a['output_tokens']:.1%}, "
                 f"text at temperature 0 {text}"
             )
+    out.extend(_failure_summary(run) for run in runs if run["overall"]["failed"])
     return "\n\n".join(out)
+
+
+def _failure_summary(run: Mapping[str, Any]) -> str:
+    """``POLICY: F of N requests failed`` and the most frequent reasons with their counts."""
+    m = run["overall"]
+    lines = [f"{_label(run)}: {m['failed']} of {m['completed'] + m['failed']} requests failed"]
+    reasons = run.get("failures", [])
+    for entry in reasons[:SHOWN_REASONS]:
+        status = entry["status"]
+        said = " ".join(
+            part for part in (f"HTTP {status}" if status else "", entry["reason"]) if part
+        )
+        lines.append(f"  {entry['count']:>6}  {said or 'no HTTP answer'}")
+    rest = reasons[SHOWN_REASONS:]
+    if rest:
+        n = sum(e["count"] for e in rest)
+        lines.append(f"  {n:>6}  other reasons")
+    return "\n".join(lines)
+
+
+def failed_runs(report: Mapping[str, Any]) -> list[str]:
+    """The runs in which every request failed (a run with no requests has not failed)."""
+    return [
+        _label(run)
+        for run in report["runs"]
+        if run["overall"]["completed"] == 0 and run["overall"]["failed"] > 0
+    ]

@@ -21,6 +21,7 @@ from replay.client import Result
 from replay.options import (
     HelpFormatter,
     add_common_options,
+    exit_status,
     plan_options,
     print_plan,
     shard,
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="replay simulate",
         description="Replay a trace through the router's policies and engine models in "
         "virtual time (no sockets, no sleeping); the same report as replay, marked simulated.",
+        epilog="Exit status as replay's: 1 when every request of a run failed, 2 for bad input.",
         formatter_class=HelpFormatter,
     )
     add_common_options(p)
@@ -236,4 +238,4 @@ def main(argv: list[str]) -> int:
             f"{m['cpu_seconds']:.2f} s CPU ({speedup:,.0f}x real time, {m['events']} events)"
         )
     write_outputs(report, sim.runs, a.out, a.html, extra=render_pareto(report))
-    return 0
+    return exit_status("replay simulate", report)

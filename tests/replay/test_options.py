@@ -15,7 +15,7 @@ import pytest
 
 from replay.cli import main
 from tests.fixtures import MOONCAKE
-from turnout.common.capture import parse_line
+from turnout.common.capture import CaptureRecord, dump_line, parse_line
 
 COMMON = (
     "--policy", "--format", "--speed", "--rate", "--max-requests", "--max-gap", "--window",
@@ -104,3 +104,21 @@ def test_simulate_takes_no_progress_as_replay_does(tmp_path: Path) -> None:
     argv = [str(MOONCAKE), "--policy", "round-robin", "--no-progress", "--out", str(out)]
     assert main(["simulate", *argv]) == 0
     assert orjson.loads(out.read_bytes())["runs"][0]["overall"]["completed"] == 12
+
+
+def test_simulate_exits_1_when_every_request_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cap = tmp_path / "cap.jsonl"
+    body = {"model": "nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    cap.write_bytes(
+        b"".join(
+            dump_line(CaptureRecord(f"r{i}", "/v1/chat/completions", body, t_offset_ms=i))
+            for i in range(3)
+        )
+    )
+    assert main(["simulate", str(cap), "--policy", "round-robin"]) == 1
+    said = capsys.readouterr()
+    assert "round-robin: 3 of 3 requests failed" in said.out
+    assert "3  HTTP 404 model 'nope' does not exist" in said.out
+    assert "replay simulate: every request failed" in said.err

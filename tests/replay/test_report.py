@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replay.client import Result
-from replay.report import Acc, RunReport, render_tables
+from replay.report import REASONS, Acc, RunReport, failed_runs, render_tables
 
 
 def _ok(cid: str, ttft: float, e2e: float, tokens: int, **kw: object) -> Result:
@@ -101,3 +101,61 @@ def test_non_streamed_answers_have_no_tpot() -> None:
     assert m["mean_tpot_ms"] == pytest.approx(100.0)  # the 0 of the non-streamed one is left out
     assert m["mean_ttft_ms"] == pytest.approx(1050.0)  # its first byte is its last
     assert m["total_output_tokens"] == 61
+
+
+def test_failures_are_counted_by_status_and_reason_most_frequent_first() -> None:
+    run = RunReport("p")
+    run.add(_ok("ok", 0.1, 1.0, 5))
+    for i in range(3):
+        err = {"message": "model 'x' does not exist", "type": "not_found_error"}
+        run.add(
+            Result(
+                f"a{i}", "interactive", 404, False, 0.0, error={**err, "code": "model_not_found"}
+            )
+        )
+    run.add(
+        Result(
+            "b",
+            "interactive",
+            0,
+            False,
+            0.0,
+            error={"message": "Cannot connect", "type": "connection_error"},
+        )
+    )
+    run.add(
+        Result(
+            "c", "interactive", 503, False, 0.0, error={"message": "HTTP 503", "type": "http_error"}
+        )
+    )
+    run.add(Result("d", "interactive", 200, True, 0.0))  # answered, but no first token
+    run.duration = 1.0
+    entry = run.to_dict()
+    report = {"mode": "timed", "target": "http://t", "runs": [entry]}
+    assert entry["failures"] == [
+        {"status": 404, "reason": "model_not_found: model 'x' does not exist", "count": 3},
+        {"status": 0, "reason": "connection_error: Cannot connect", "count": 1},
+        {"status": 200, "reason": "no content", "count": 1},
+        {"status": 503, "reason": "http_error", "count": 1},
+    ]
+    text = render_tables(report)
+    assert "p: 6 of 7 requests failed" in text
+    assert "     3  HTTP 404 model_not_found: model 'x' does not exist" in text
+    assert "     1  connection_error: Cannot connect" in text
+    assert "     1  HTTP 200 no content" in text
+    assert "     1  other reasons" in text  # beyond the three shown
+    assert failed_runs(report) == []
+
+
+def test_a_hostile_target_cannot_grow_the_reasons_without_bound() -> None:
+    run = RunReport(None)
+    for i in range(1000):
+        message = f"error {i} " + "x" * 10_000
+        run.add(Result(f"r{i}", "interactive", 500, False, 0.0, error={"message": message}))
+    failures = run.to_dict()["failures"]
+    assert len(failures) == REASONS + 1
+    assert all(len(f["reason"]) <= 160 for f in failures)
+    assert failures[-1] == {"status": None, "reason": "other reasons", "count": 1000 - REASONS}
+    report = {"mode": "timed", "target": "http://t", "runs": [run.to_dict()]}
+    assert failed_runs(report) == ["target"]
+    assert "target: 1000 of 1000 requests failed" in render_tables(report)
