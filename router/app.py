@@ -24,7 +24,7 @@ from router.backends.shared import WorkerRow
 from router.batch.service import BatchService
 from router.config.model import ConfigError, RouterConfig
 from router.control.admission import Admission
-from router.control.auth import Gate, admin_only
+from router.control.auth import POLICIES_PATH, Gate, admin_only
 from router.control.slo import slo_table
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
@@ -228,7 +228,11 @@ def _routes(app: web.Application, state: RouterState) -> None:
     async def backends(_: web.Request) -> web.Response:
         return _json([b.describe() for b in state.pool.backends])
 
-    async def policies(_: web.Request) -> web.Response:
+    async def policies(request: web.Request) -> web.Response:
+        try:
+            state.gate.identify(request.headers)  # as the request path: 401 for an unknown key
+        except RouterError as exc:
+            return error_response(exc)
         default = state.config.default_policy
         return _json(
             [
@@ -246,7 +250,7 @@ def _routes(app: web.Application, state: RouterState) -> None:
     r.add_get("/ready", ready)
     r.add_get("/metrics", metrics)
     r.add_get("/turnout/backends", backends)
-    r.add_get("/turnout/policies", policies)
+    r.add_get(POLICIES_PATH, policies)
 
 
 async def _batch_off(_: web.Request) -> web.Response:

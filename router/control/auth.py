@@ -16,7 +16,9 @@ key's usage (:meth:`Gate.adopt`). Error messages never name a key.
 When ``require_api_key`` is off, unknown or missing keys pass, under the ``anonymous`` limits
 if configured (a known key still gets its class, policy and limits), and ``/turnout/*``
 answers loopback clients only; when it is on, they get 401 and ``/turnout/*`` needs a key
-marked ``admin``.
+marked ``admin``. ``/turnout/policies`` is the exception: it answers every caller the request
+path accepts, to whom that path names them all anyway (an unknown ``X-Turnout-Policy`` is a
+400 listing them); ``replay`` checks its ``--policy`` names there before sending.
 """
 
 from __future__ import annotations
@@ -189,6 +191,10 @@ def digest_of(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+POLICIES_PATH = "/turnout/policies"
+"""The policy list: not an admin endpoint (see the module's docstring)."""
+
+
 class Gate:
     """Authentication and per-key limits for one router configuration."""
 
@@ -255,6 +261,8 @@ class Gate:
 
     def needs_admin(self, path: str) -> bool:
         """Whether ``path`` is an admin endpoint under this configuration."""
+        if path == POLICIES_PATH:
+            return False
         return path.startswith("/turnout/") or (self._protect_metrics and path == "/metrics")
 
     def check_admin(self, headers: Mapping[str, str], remote: str | None) -> None:

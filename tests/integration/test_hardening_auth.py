@@ -158,6 +158,17 @@ def test_admin_endpoints_need_the_admin_key(router: Process) -> None:
     assert request("GET", router.url + "/metrics").status == 200  # metrics_require_admin is off
 
 
+def test_the_policy_list_answers_every_caller_the_request_path_takes(router: Process) -> None:
+    # The request path names every policy to such a caller anyway (an unknown X-Turnout-Policy
+    # is a 400 listing them), so the list is no admin secret: replay checks --policy there.
+    url = router.url + "/turnout/policies"
+    assert request("GET", url).status == 401
+    assert request("GET", url, headers={"Authorization": "Bearer k-unknown"}).status == 401
+    reply = request("GET", url, headers={"Authorization": f"Bearer {KEYS['web']}"})
+    assert reply.status == 200
+    assert {p["name"] for p in reply.json()} >= {"class-split", "round-robin"}
+
+
 def test_keys_are_never_captured(router: Process, capture: Path) -> None:
     ids = ["tenant-a1", "tenant-a2", "tenant-p1"]
     for rid, key in zip(ids, (KEYS["admin"], KEYS["admin"], KEYS["pin"]), strict=True):

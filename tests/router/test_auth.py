@@ -105,6 +105,7 @@ def test_admin_key() -> None:
     [
         (False, "/turnout/backends", True),
         (False, "/turnout/reload", True),
+        (False, "/turnout/policies", False),  # any caller the request path takes (401 else)
         (False, "/metrics", False),
         (True, "/metrics", True),
         (True, "/health", False),
