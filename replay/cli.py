@@ -21,6 +21,7 @@ from replay.options import (
     print_plan,
     write_outputs,
 )
+from replay.preflight import TargetError
 from replay.replayer import Replayer, ReplayOptions, build_report
 from replay.report import render_tables
 from replay.sources import FORMATS, Format, Source, SourceError, detect_format
@@ -43,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
             "replay merge RESULTS... [--out report.json] [--html report.html] (one report "
             "from shards' results); replay simulate FILE [--config C] [--policy P]... "
             "[--set KEY=V1,V2] (virtual time). Exit status: 0 when the replay ran (failed "
-            "requests are summarised), 1 when every request of a run failed, 2 for bad input."
+            "requests are summarised), 1 when every request of a run failed, 2 for bad input "
+            "or a target that cannot take the replay (checked before the first request)."
         ),
         formatter_class=HelpFormatter,
     )
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         gc.set_threshold(100_000, 50, 1000)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runs = runner.run(replayer.run())
-    except (SourceError, OSError, ValueError) as e:
+    except (SourceError, OSError, ValueError, TargetError) as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

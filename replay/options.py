@@ -83,7 +83,8 @@ def add_common_options(p: argparse.ArgumentParser) -> argparse._MutuallyExclusiv
         action="append",
         dest="policies",
         metavar="NAME",
-        help="one run per named policy (without: one run, routed as the router decides)",
+        help="one run per named policy, checked against the router's policies before the "
+        "first request (without: one run, routed as the router decides)",
     )
     p.add_argument("--format", choices=FORMATS, help="override content detection")
     mode = p.add_mutually_exclusive_group()

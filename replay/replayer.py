@@ -2,7 +2,8 @@
 
 Wires the pieces: :class:`~replay.sources.Source` -> :class:`~replay.plan.Plan` ->
 :class:`~replay.runner.Runner` -> :class:`~replay.client.Client` -> ``RunReport`` (and the
-``--results`` file). The progress line and the prompt synthesizer's calibration live here.
+``--results`` file), after :func:`~replay.preflight.check_target` found the target ready.
+The progress line and the prompt synthesizer's calibration live here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import orjson
 
 from replay.client import Client, Result, encode_body
 from replay.plan import Plan, PlanOptions, dry_run
+from replay.preflight import check_target
 from replay.report import RunReport
 from replay.runner import Runner
 from replay.sessions import Conversations
@@ -52,19 +54,6 @@ class ReplayOptions:
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-async def resolve_model(session: aiohttp.ClientSession, target: str) -> str:
-    """The target's first listed model (for imported traces), else ``default``."""
-    try:
-        async with session.get(target.rstrip("/") + "/v1/models") as r:
-            if r.status == 200:
-                data = (await r.json()).get("data") or []
-                if data and isinstance(data[0], dict) and isinstance(data[0].get("id"), str):
-                    return str(data[0]["id"])
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        pass
-    return "default"
 
 
 async def target_calibration(session: aiohttp.ClientSession, target: str) -> Calibration:
@@ -180,7 +169,13 @@ class Replayer:
         async with aiohttp.ClientSession(
             connector=connector, timeout=_TIMEOUT, auto_decompress=False, headers=auth
         ) as session:
-            model = o.model or await resolve_model(session, o.target)
+            named = [p for p in o.policies if p is not None]
+            keyed = auth is not None
+            models = await check_target(session, o.target, named, keyed=keyed)
+            if o.shadow_target:
+                await check_target(session, o.shadow_target, named, keyed=keyed, router=False)
+            # imported traces ask for the target's first listed model
+            model = o.model or (models[0] if models else "default")
             calibration = await target_calibration(session, o.target)
             with contextlib.ExitStack() as files:
                 results = files.enter_context(open(o.results, "wb")) if o.results else None

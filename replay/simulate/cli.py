@@ -28,6 +28,7 @@ from replay.options import (
     write_outputs,
 )
 from replay.plan import Plan, Planned, dry_run
+from replay.preflight import unknown_policies
 from replay.replayer import result_line
 from replay.report import RunReport, render_tables
 from replay.simulate.loop import Simulation
@@ -142,9 +143,6 @@ class Simulator:
         self, config: RouterConfig, policy: str, setting: Setting, results: IO[bytes] | None
     ) -> None:
         world = World(config, self.profiles)
-        if policy not in world.policies:
-            known = ", ".join(world.policies)
-            raise ValueError(f"unknown policy {policy!r} (known: {known})")
         if self.a.time_shard is not None and not self.runs:
             self.shard_bounds(world.model())
         name = label(policy, setting)
@@ -209,6 +207,9 @@ def main(argv: list[str]) -> int:
         path = a.config or str(default_config_path())
         doc = load_document(path)
         sim = Simulator(a, doc, parse_config(doc))
+        why = unknown_policies(a.policies or [], [p.name for p in sim.base.policies])
+        if why is not None:
+            raise ValueError(why)
         if a.dry_run:
             sim.print_plan()
             return 0

@@ -173,15 +173,15 @@ def test_replay_sends_the_api_key_it_is_given(
     doc = base_config(emulators, require_api_key=True)
     doc["api_keys"] = [{"name": "bench", "env": "TURNOUT_TEST_KEY", "class": "batch"}]
     monkeypatch.setenv("TURNOUT_TEST_KEY", "sk-replay")  # the router child reads it
+    out = tmp_path / "report.json"
     with start_router(write_config(tmp_path, doc)) as router:
-        reports = {}
-        for key in (None, "sk-replay"):
-            out = tmp_path / f"r-{key}.json"
-            extra = ["--api-key", key] if key else []
-            args = [str(cap), "--target", router.url, *extra, "--out", str(out)]
-            p = run_replay(*args, timeout=60)
-            assert p.returncode == 0, p.stderr
-            reports[key] = orjson.loads(out.read_bytes())["runs"][0]
-    assert reports[None]["overall"]["failed"] == 4  # 401 without a key
-    assert reports["sk-replay"]["overall"]["completed"] == 4
-    assert set(reports["sk-replay"]["by_class"]) == {"batch"}  # the key's class
+        # without the key the router's 401 stops the replay before its first request
+        refused = run_replay(str(cap), "--target", router.url, "--out", str(out), timeout=60)
+        assert refused.returncode == 2 and "wants an API key (401" in refused.stderr
+        assert not out.exists()
+        args = [str(cap), "--target", router.url, "--api-key", "sk-replay", "--out", str(out)]
+        p = run_replay(*args, timeout=60)
+        assert p.returncode == 0, p.stderr
+    run = orjson.loads(out.read_bytes())["runs"][0]
+    assert run["overall"]["completed"] == 4
+    assert set(run["by_class"]) == {"batch"}  # the key's class

@@ -42,8 +42,12 @@ async def _engine(delay: float) -> AsyncIterator[str]:
             "usage": {"prompt_tokens": 5, "completion_tokens": 2},
         })  # fmt: skip
 
+    async def policies(_: web.Request) -> web.Response:
+        return web.json_response([{"name": "round-robin"}, {"name": "adaptive"}])
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/turnout/policies", policies)  # a router's list: --policy is checked
     async with served(app) as url:
         yield url
 

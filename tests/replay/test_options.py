@@ -106,6 +106,15 @@ def test_simulate_takes_no_progress_as_replay_does(tmp_path: Path) -> None:
     assert orjson.loads(out.read_bytes())["runs"][0]["overall"]["completed"] == 12
 
 
+def test_simulate_names_an_unknown_policy_before_running_any(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", str(MOONCAKE), "--policy", "adaptive", "--policy", "adaptve"]) == 2
+    said = capsys.readouterr()
+    assert "unknown policy 'adaptve' (did you mean 'adaptive'?); known: " in said.err
+    assert "simulated adaptive" not in said.out  # the first one did not run first
+
+
 def test_simulate_exits_1_when_every_request_failed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
