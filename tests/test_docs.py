@@ -6,7 +6,8 @@ target page (lowercased, punctuation dropped, spaces turned into hyphens, repeat
 Paths are checked wherever they appear in the text (inline code, code blocks, prose): a
 token that starts with one of the repository's top-level folders, such as
 ``router/proxy/handler.py`` or ``config/router.yaml``, must exist. So must every module
-named in a ``python -m`` command.
+named in a ``python -m`` command. The header comment of every config file names the docs page
+(and section) that documents it.
 """
 
 from __future__ import annotations
@@ -188,3 +189,30 @@ def test_quick_start_commands_are_make_targets() -> None:
 )
 def test_slug_follows_the_code_host(heading: str, anchor: str) -> None:
     assert slug(heading) == anchor
+
+
+CONFIGS = [*sorted((ROOT / "config").rglob("*.yaml")), ROOT / "deploy/kubernetes/configmap.yaml"]
+DOC_REF = re.compile(r"docs/([\w-]+\.md)(?: \(([^;)]+))?")
+
+
+def header(path: Path) -> str:
+    """A YAML file's leading comment, as one line of text."""
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(" ".join(lines).split())
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_name)
+def test_config_headers_point_at_the_docs(path: Path) -> None:
+    refs = DOC_REF.findall(header(path))
+    assert refs, f"{_name(path)}: its header names no docs/ page"
+    for page, section in refs:
+        target = ROOT / "docs" / page
+        assert target.is_file(), f"{_name(path)}: docs/{page} does not exist"
+        if section:
+            assert slug(section.strip()) in anchors(target), (
+                f"{_name(path)}: docs/{page} has no section {section.strip()!r}"
+            )
