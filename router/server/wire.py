@@ -23,10 +23,7 @@ What it guarantees itself:
 - a client that reads none of its answer for ``limits.write_timeout`` is disconnected, and
   meanwhile the relay stops reading its upstream (:class:`FlowControl`);
 - a client that goes away cancels its request's task, which closes the upstream request;
-- a client that half-closes (shuts down its sending side, which HTTP/1.1 allows: it may still
-  read) gets the answers to the requests it sent whole, the last one saying ``Connection:
-  close``, then the connection closes; with none whole, it closes at once. From the
-  half-close on, its leaving is seen only when a write to it fails;
+- a half-close (see :meth:`Wire.eof_received`) before the answer has begun is answered;
 - an answer sent before the request was read whole (a 401, a 408) says ``Connection: close``,
   and the connection closes once the rest of the request has been read (at most
   ``body_seconds`` more), so the client is not reset before it reads the answer;
@@ -59,6 +56,9 @@ log = logging.getLogger("router")
 # Headers whose presence sends a request to aiohttp (see the module docstring).
 _UNUSUAL = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+HALF_CLOSE_SECONDS = 1.0
+"""How soon after its request a client's end of sending is a half-close (it sends them
+together); later, the client has given up, and goes (see :meth:`Wire.eof_received`)."""
 
 
 class _Date:
@@ -221,6 +221,10 @@ class Wire(asyncio.Protocol):
         self._paused_reading = False
         self._eof = False
         """The client half-closed: it sends nothing more (but may read its answers)."""
+        self._answering = False
+        """The answer of the request in hand has begun (its head is out)."""
+        self._sent_at = 0.0
+        """When the request in hand arrived whole (the event loop's clock)."""
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -252,9 +256,17 @@ class Wire(asyncio.Protocol):
         self._feed(data)
 
     def eof_received(self) -> bool | None:
-        """A half-close: answer the request in hand (and those pipelined behind it), then
-        close; with none whole (idle, a head or body cut short) close now."""
-        if self._task is None or not self._message_done:
+        """The client shut its sending side. Right after a request it sent whole, before the
+        answer has begun, that is a half-close (HTTP/1.1 lets it read on): that request (and
+        any pipelined behind it) is answered, then the connection closes; a client that had
+        in fact closed is seen gone at the first write that fails. Otherwise the client has
+        gone (a close looks the same): close now, which cancels a request in hand."""
+        if (
+            self._task is None
+            or not self._message_done
+            or self._answering
+            or self._loop.time() - self._sent_at > HALF_CLOSE_SECONDS
+        ):
             return None
         self._eof = True
         return True
@@ -288,6 +300,7 @@ class Wire(asyncio.Protocol):
             return None
         framing = self._framing(b"Transfer-Encoding: chunked\r\n")
         transport.write(_head(status, headers, framing, self._connections.date.now()))
+        self._answering = True
         return transport
 
     def end(self) -> None:
@@ -369,6 +382,7 @@ class Wire(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._message_done = self._segment_done = True
+        self._sent_at = self._loop.time()
         if not self._parser.should_keep_alive():
             self._close_after = True
         if self._request is not None:
@@ -382,6 +396,7 @@ class Wire(asyncio.Protocol):
         """The request's task ended: write its answer (unless streamed), then go on."""
         self._task = None
         self._request = None
+        self._answering = False
         transport = self._transport
         if task.cancelled() or transport is None:
             return
@@ -413,6 +428,7 @@ class Wire(asyncio.Protocol):
         if waiting:
             self._feed(bytes(waiting))
         if self._eof and self._task is None:
+            self._cancel_timer()
             self._close()  # half-closed, and nothing more came whole
 
     def _framing(self, framing: bytes) -> bytes:

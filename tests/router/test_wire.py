@@ -166,8 +166,7 @@ async def test_stop_closes_idle_connections_and_lets_a_stream_finish(tmp_path: P
 
 async def test_a_half_closed_client_gets_its_answer_then_the_close(tmp_path: Path) -> None:
     """A client that sends its request and shuts its sending side (HTTP/1.1 lets it read
-    on) gets the answer, marked Connection: close, even when the half-close comes while the
-    answer is still being produced; then the connection closes."""
+    on) gets the answer, marked Connection: close; then the connection closes."""
     async with in_process_router(tmp_path, config()) as ip:
         reader, writer = await connect(ip)
         writer.write(chat())
@@ -177,22 +176,21 @@ async def test_a_half_closed_client_gets_its_answer_then_the_close(tmp_path: Pat
         assert headers["connection"] == "close"
         assert await closed(reader)
         writer.close()
+
+
+async def test_a_half_close_once_the_answer_has_begun_is_the_client_leaving(
+    tmp_path: Path,
+) -> None:
+    """A close looks the same as a half-close; once the answer is under way, it is taken for
+    the client leaving, as it mostly is: the stream is cut at once, not at its next write."""
+    async with in_process_router(tmp_path, config()) as ip:
         ip.engine.release.clear()
         reader, writer = await connect(ip)
         writer.write(chat(stream=True))
         await asyncio.wait_for(ip.engine.streaming.wait(), 5)
-        writer.write(chat())  # pipelined behind the stream, in a segment of its own
-        await asyncio.sleep(0.05)
         writer.write_eof()
-        await asyncio.sleep(0.05)
-        ip.engine.release.set()
-        (status, headers), body = await answer(reader)
-        assert status == 200 and body.endswith(b"data: [DONE]\n\n")
-        assert "connection" not in headers  # another request waits behind it
-        (status, headers), body = await answer(reader)
-        assert status == 200 and orjson.loads(body)["choices"]
-        assert headers["connection"] == "close"
-        assert await closed(reader)
+        received = await asyncio.wait_for(reader.read(), 5)  # until the router closes
+        assert received.startswith(b"HTTP/1.1 200 ") and b"[DONE]" not in received
         writer.close()
 
 
