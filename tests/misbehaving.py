@@ -1,11 +1,12 @@
 """A deliberately misbehaving OpenAI-style backend, for attack tests and benchmarks.
 
-``python -m tests.misbehaving [--port 0] [--flood-bytes N]`` prints ``misbehaving listening
-on http://127.0.0.1:PORT`` once it serves. The probes a router sends (``/health``,
-``/v1/models``, ``/metrics``) are answered properly and list every mode as a model; a
-completion request misbehaves as its ``model`` names (:data:`MODES`), streamed or not as it
-asks. ``GET /stats`` tells how many bytes the flooding modes got out before their client
-left. HTTP is written by hand on raw sockets, so framing and headers are exactly as scripted.
+``python -m tests.misbehaving [--port 0] [--flood-bytes N] [--max-model-len N]`` prints
+``misbehaving listening on http://127.0.0.1:PORT`` once it serves. The probes a router sends
+(``/health``, ``/v1/models``, ``/metrics``) are answered properly and list every mode as a
+model (with ``--max-model-len`` as its context length, 32768 by default); a completion
+request misbehaves as its ``model`` names (:data:`MODES`), streamed or not as it asks.
+``GET /stats`` tells how many bytes the flooding modes got out before their client left.
+HTTP is written by hand on raw sockets, so framing and headers are exactly as scripted.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ MODES = {
     "interim-body": "a 1xx with a Content-Length body, then a proper answer",
     "switching-protocols": "a 101 Switching Protocols nobody asked for",
     "status-999": "an answer with status 999",
+    "full-budget": "a proper answer whose usage says each of its n choices took all its "
+    "max_tokens, as from an engine that generated the whole budget",
 }
 INTERIM_BODY = b"EARLY-BYTES"
 """The body ``interim-body`` sends after its 1xx head; must never reach a client."""
@@ -78,8 +81,10 @@ _HEAD = re.compile(rb"^(\S+) (\S+) HTTP/1\.[01]\r\n")
 class Misbehaving:
     """The server; ``flood_bytes`` is how much ``endless-line`` and ``huge-body`` send."""
 
-    def __init__(self, flood_bytes: int) -> None:
+    def __init__(self, flood_bytes: int, max_model_len: int = 32768) -> None:
         self.flood_bytes = flood_bytes
+        self.max_model_len = max_model_len
+        """The context length its ``/v1/models`` reports for every model."""
         self.sent: Counter[str] = Counter()
         """Bytes of flood each mode got out (kernel buffers included)."""
 
@@ -106,7 +111,7 @@ class Misbehaving:
         doc = orjson.loads(body) if body else {}
         mode, stream = str(doc.get("model", "ok")), bool(doc.get("stream"))
         chat = path.endswith("/chat/completions")
-        usage = _USAGE.get(mode)
+        usage = _full_budget(doc) if mode == "full-budget" else _USAGE.get(mode)
         wants_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
         if mode in ("hang", "hang-after-head"):
             if mode == "hang-after-head":
@@ -159,7 +164,8 @@ class Misbehaving:
 
     async def _get(self, path: str, writer: asyncio.StreamWriter) -> bool:
         if path == "/v1/models":
-            data = [{"id": m, "object": "model", "max_model_len": 32768} for m in MODES]
+            length = self.max_model_len
+            data = [{"id": m, "object": "model", "max_model_len": length} for m in MODES]
             doc: object = {"object": "list", "data": data}
         elif path == "/stats":
             doc = {"sent": dict(self.sent)}
@@ -236,6 +242,14 @@ async def _odd_head(writer: asyncio.StreamWriter, mode: str, chat: bool, stream:
     return True
 
 
+def _full_budget(doc: Mapping[str, object]) -> dict[str, int]:
+    """Usage as if each choice generated its whole ``max_tokens`` (16 when absent)."""
+    budget = doc.get("max_completion_tokens") or doc.get("max_tokens") or 16
+    n = doc.get("n") or 1
+    assert isinstance(budget, int) and isinstance(n, int)
+    return {"prompt_tokens": 5, "completion_tokens": n * budget, "total_tokens": 5 + n * budget}
+
+
 def _event(chat: bool, text: str, finish: str | None = None) -> bytes:
     """One ``data:`` line (no line ending) of a chat or text completion stream."""
     choice: dict[str, object] = {"index": 0, "finish_reason": finish}
@@ -286,8 +300,8 @@ async def _send(writer: asyncio.StreamWriter, data: bytes) -> None:
     await writer.drain()
 
 
-async def _main(host: str, port: int, flood_bytes: int) -> None:
-    server = await asyncio.start_server(Misbehaving(flood_bytes).serve, host, port)
+async def _main(host: str, port: int, flood_bytes: int, max_model_len: int) -> None:
+    server = await asyncio.start_server(Misbehaving(flood_bytes, max_model_len).serve, host, port)
     bound = server.sockets[0].getsockname()
     print(f"misbehaving listening on http://{bound[0]}:{bound[1]}", flush=True)
     async with server:
@@ -299,8 +313,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--flood-bytes", type=int, default=100 * 1024 * 1024)
+    parser.add_argument("--max-model-len", type=int, default=32768)
     args = parser.parse_args()
-    asyncio.run(_main(args.host, args.port, args.flood_bytes))
+    asyncio.run(_main(args.host, args.port, args.flood_bytes, args.max_model_len))
 
 
 if __name__ == "__main__":

@@ -172,6 +172,7 @@ class BackendState:
             "outstanding_prompt_tokens": prompt,
             "outstanding_output_tokens": output,
             "models": list(self.models),
+            "context_tokens": self.context_tokens,
             "priority_capable": self.spec.priority_capable,
             "load": None
             if load is None

@@ -148,6 +148,15 @@ class LimitSettings:
     max_upstream_body_bytes: int = 64 << 20
     """Largest non-streamed answer a backend may send; a larger one gets the client a 502 and
     counts as the backend's failure."""
+    min_context_tokens: int = 32768
+    max_context_tokens: int = 1 << 20
+    """The bounds a backend's reported context length (vLLM's ``max_model_len``) is taken
+    within, for the quota charge: a backend reporting 1 would make every answer nearly
+    free, one reporting 10^12 would let its usage figures put a key in endless debt."""
+
+    def context_tokens(self, reported: int) -> int:
+        """``reported`` within [:attr:`min_context_tokens`, :attr:`max_context_tokens`]."""
+        return min(max(reported, self.min_context_tokens), self.max_context_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -422,7 +422,11 @@ def _limits(m: Reader) -> LimitSettings:
         max_upstream_body_bytes=m.integer(
             "max_upstream_body_bytes", d.max_upstream_body_bytes, low=1024
         ),
+        min_context_tokens=m.integer("min_context_tokens", d.min_context_tokens, low=1),
+        max_context_tokens=m.integer("max_context_tokens", d.max_context_tokens, low=1),
     )
+    if out.max_context_tokens < out.min_context_tokens:
+        m.error("max_context_tokens", "must be at least min_context_tokens")
     m.done()
     return out
 

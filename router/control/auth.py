@@ -10,8 +10,8 @@ Per key: allowed models (403 otherwise), a class and a policy that win over the 
 headers unless the key allows overrides, a requests-per-minute and a tokens-per-minute token
 bucket and a cap on concurrent requests (429 with ``Retry-After``, never past the minute).
 Tokens are charged up front at the request's budget (prompt plus output, bounded by the
-context length) and settled when it ends (see router.proxy.handler). A reload keeps every
-key's usage (:meth:`Gate.adopt`). Error messages never name a key.
+context length of each choice) and settled when it ends (see router.proxy.handler). A
+reload keeps every key's usage (:meth:`Gate.adopt`). Error messages never name a key.
 
 When ``require_api_key`` is off, unknown or missing keys pass, under the ``anonymous`` limits
 if configured (a known key still gets its class, policy and limits), and ``/turnout/*``
@@ -161,7 +161,8 @@ class Lease:
 
     def release(self, used_tokens: int) -> None:
         """Free the concurrency slot and settle the token charge with ``used_tokens``
-        (bounded by the context length: a usage figure past it is a backend's lie)."""
+        (bounded by the request's ceiling, its choices times the context length: a usage
+        figure past it is a backend's lie)."""
         self._quota.inflight -= 1
         bucket = self._quota.tokens
         if bucket is not None:
@@ -294,8 +295,9 @@ class Gate:
     def admit(self, tenant: Tenant | None, info: RequestInfo, context_tokens: int) -> Lease | None:
         """Check the caller's model list and limits; take a slot and charge the buckets.
 
-        The charge is the request's budget (prompt plus output), never more than
-        ``context_tokens`` (no engine can use more) nor than the token bucket holds.
+        The charge is the request's budget (prompt plus output of every choice), never more
+        than ``context_tokens`` a choice (no engine can use more) nor than the token bucket
+        holds.
         """
         if tenant is not None:
             spec = tenant.spec
@@ -313,7 +315,8 @@ class Gate:
             return None
         if quota.max_concurrency is not None and quota.inflight >= quota.max_concurrency:
             raise _too_many(f"{who} has {quota.inflight} requests open", 1.0)
-        charge = min(info.prompt_tokens + info.expected_output_tokens, context_tokens)
+        ceiling = info.choices * context_tokens
+        charge = min(info.prompt_tokens + info.expected_output_tokens, ceiling)
         if quota.tokens is not None:
             charge = min(charge, int(quota.tokens.capacity))
         wait_req = quota.requests.wait_for(1) if quota.requests is not None else 0.0
@@ -327,7 +330,7 @@ class Gate:
         if quota.tokens is not None:
             quota.tokens.take(charge)
         quota.inflight += 1
-        return Lease(quota, charge, context_tokens)
+        return Lease(quota, charge, ceiling)
 
 
 def _resolve(spec: ApiKeySpec) -> bytes | None:

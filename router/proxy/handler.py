@@ -75,7 +75,8 @@ async def handle(
         ex.tenant = tenant.capture_id if tenant is not None else None
         ex.policy = policy = _policy(request, state, tenant)
         extra["X-Turnout-Policy"] = policy.name
-        ex.body = await request.body(state.config.listen.max_body_bytes, state.config.limits)
+        limits = state.config.limits
+        ex.body = await request.body(state.config.listen.max_body_bytes, limits)
         understand = partial(
             classify,
             ex.body,
@@ -94,7 +95,8 @@ async def handle(
         ex.info = info = parsed.info
         trace.classified(info, t, time.monotonic())
         extra["X-Turnout-Class"] = info.request_class
-        context = state.pool.context_tokens(info.model)
+        # Within the configured bounds: a backend must not set what its answers cost.
+        context = limits.context_tokens(state.pool.context_tokens(info.model))
         lease = state.gate.admit(tenant, info, context)
         add_usage = _router_asks_usage(parsed)
         t = time.monotonic()
@@ -122,7 +124,6 @@ async def handle(
         ex.failovers = opened.failovers
         # TPOT comes from the usage figures, so the meter stops looking for content after the
         # first token (see turnout/common/sse.py).
-        limits = state.config.limits
         ex.meter = StreamMeter(
             now,
             strip_usage=add_usage,

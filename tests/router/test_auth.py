@@ -25,9 +25,9 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def req(model: str = "m", prompt: int = 10, max_tokens: int | None = 20) -> RequestInfo:
+def req(model: str = "m", prompt: int = 10, max_tokens: int | None = 20, n: int = 1) -> RequestInfo:
     return RequestInfo(
-        "r", "chat", model, "interactive", prompt_tokens=prompt, max_tokens=max_tokens
+        "r", "chat", model, "interactive", prompt_tokens=prompt, max_tokens=max_tokens, choices=n
     )
 
 
@@ -220,6 +220,24 @@ def test_a_usage_figure_past_the_context_is_a_lie_and_is_capped() -> None:
     lease.release(10**8)  # a backend claims 100 M tokens: settled at the context, 100
     clock.now += 6  # 100 tokens refill in 6 s
     assert gate.admit(tenant, req(prompt=500, max_tokens=500), CTX) is not None
+
+
+def test_n_choices_are_charged_and_bounded_per_choice() -> None:
+    """Each of n choices may use a whole context: n=8 of 100 tokens, with a context of 200,
+    is charged and settled at 810, not at one context (200)."""
+    gate = Gate(
+        [ApiKeySpec("u", sha256=sha("u"), tokens_per_minute=1000)], required=True, clock=Clock()
+    )
+    tenant = gate.identify(bearer("u"))
+    lease = gate.admit(tenant, req(prompt=10, max_tokens=100, n=8), 200)
+    assert lease is not None and lease.charged == 810
+    lease.release(810)  # honest usage: within 8 contexts
+    assert tenant is not None and tenant.quota.tokens is not None
+    assert tenant.quota.tokens.level == 1000 - 810
+    lease = gate.admit(tenant, req(prompt=0, max_tokens=0), 200)
+    assert lease is not None
+    lease.release(10**6)  # a lie past one choice's context: settled at 200
+    assert tenant.quota.tokens.level == 1000 - 810 - 200
 
 
 def test_anonymous_traffic_has_its_own_limits() -> None:

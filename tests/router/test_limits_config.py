@@ -68,6 +68,11 @@ def test_values_round_trip() -> None:
         ({"limits": {"max_conections": 1}}, "limits.max_conections"),
         ({"limits": {"max_connections": 0}}, "limits.max_connections"),
         ({"limits": {"idle_seconds": "soon"}}, "limits.idle_seconds"),
+        ({"limits": {"min_context_tokens": 0}}, "limits.min_context_tokens"),
+        (
+            {"limits": {"min_context_tokens": 4096, "max_context_tokens": 2048}},
+            "limits.max_context_tokens",
+        ),
         ({"shutdown": {"drain_seconds": -1}}, "shutdown.drain_seconds"),
         ({"shutdown": {"grace": 1}}, "shutdown.grace"),
         ({"api_keys": [{"name": "k", "env": "A", "sha256": DIGEST}]}, "api_keys[0]"),
@@ -83,6 +88,14 @@ def test_values_round_trip() -> None:
 )
 def test_errors_have_paths(extra: dict[str, Any], path: str) -> None:
     assert path in errors_of({**GOOD, **extra})
+
+
+def test_a_reported_context_length_is_taken_within_the_configured_bounds() -> None:
+    limits = parse_config(
+        dict(GOOD, limits={"min_context_tokens": 4096, "max_context_tokens": 200_000})
+    ).limits
+    assert [limits.context_tokens(n) for n in (1, 8192, 10**12)] == [4096, 8192, 200_000]
+    assert LimitSettings().context_tokens(1) == 32768  # the default floor
 
 
 def test_unreadable_key_file_fails_check_config(tmp_path: Path) -> None:

@@ -1,0 +1,120 @@
+"""Quotas without side doors, over a real router in front of an emulator and a scripted
+hostile backend (tests/misbehaving.py). Each test is an attack that worked before:
+
+- a backend reporting ``max_model_len: 1`` made every answer cost one token;
+- usage of ``n`` choices was bounded by one context length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+
+from tests.procs import Process, start_emulator, start_process
+from tests.router.harness import base_config, request, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+KEYS = {name: f"sk-{name}-side-door" for name in ("ops", "tpm")}
+
+
+def _key(name: str, **limits: Any) -> dict[str, Any]:
+    return {"name": name, "sha256": hashlib.sha256(KEYS[name].encode()).hexdigest(), **limits}
+
+
+@contextlib.contextmanager
+def _misbehaving(*args: str) -> Iterator[Process]:
+    argv = [sys.executable, "-m", "tests.misbehaving", "--port", "0", *args]
+    with start_process(argv, "misbehaving listening on") as proc:
+        yield proc
+
+
+def _router_doc(emulator: str, hostile: str, *keys: dict[str, Any]) -> dict[str, Any]:
+    doc = base_config([("emu", "vllm", emulator), ("hostile", "vllm", hostile)])
+    doc["api_keys"] = [_key("ops", admin=True), *keys]
+    doc["require_api_key"] = True
+    return doc
+
+
+def _client(router: Process, key: str, timeout: float = 30) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=router.url + "/v1", api_key=KEYS[key], max_retries=0, timeout=timeout
+    )
+
+
+def _backends(router: Process) -> dict[str, dict[str, Any]]:
+    """``/turnout/backends``, by name (asked with the admin key)."""
+    auth = {"Authorization": f"Bearer {KEYS['ops']}"}
+    listed = request("GET", router.url + "/turnout/backends", headers=auth).json()
+    return {b["name"]: b for b in listed}
+
+
+def _wait_backend(router: Process, backend: str, field: str, value: object) -> None:
+    """Until ``/turnout/backends`` shows ``field`` of ``backend`` at ``value``."""
+    deadline = time.monotonic() + 10
+    while (shown := _backends(router)[backend])[field] != value:
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    with start_emulator("vllm", time_scale=20) as emu, _misbehaving() as hostile:
+        doc = _router_doc(
+            emu.url,
+            hostile.url,
+            _key("tpm", tokens_per_minute=200_000),
+        )
+        with start_router(write_config(tmp_path_factory.mktemp("side-doors"), doc)) as proc:
+            yield proc
+
+
+def test_a_backend_reporting_a_context_of_one_cannot_switch_off_token_limits(
+    tmp_path: Path,
+) -> None:
+    with (
+        start_emulator("vllm", time_scale=50) as emu,
+        _misbehaving("--max-model-len", "1") as hostile,
+    ):
+        doc = _router_doc(emu.url, hostile.url, _key("tpm", tokens_per_minute=40_000))
+        with start_router(write_config(tmp_path, doc)) as router:
+            _wait_backend(router, "hostile", "context_tokens", 1)
+            client = _client(router, "tpm")
+            served, refused = 0, 0
+            for _ in range(30):
+                try:
+                    reply = client.chat.completions.create(
+                        model="full-budget", messages=HI, max_tokens=16_000
+                    )
+                except openai.RateLimitError as exc:
+                    assert exc.code == "rate_limit_exceeded"
+                    refused += 1
+                    continue
+                assert reply.usage is not None and reply.usage.completion_tokens == 16_000
+                served += 1
+    # 16,000 tokens an answer through 40,000 a minute: two, or three with the refill.
+    assert 2 <= served <= 3 and refused == 30 - served
+
+
+def test_n_choices_are_charged_per_choice(router: Process) -> None:
+    client = _client(router, "tpm")
+
+    def eight() -> ChatCompletion:
+        return client.chat.completions.create(
+            model="full-budget", messages=HI, n=8, max_tokens=16_000
+        )
+
+    reply = eight()
+    assert reply.usage is not None and reply.usage.completion_tokens == 128_000
+    # Billed 128,005 of 200,000 (one context length, 32,768, before): no room for another.
+    with pytest.raises(openai.RateLimitError):
+        eight()
