@@ -10,8 +10,8 @@ Per key: allowed models (403 otherwise), a class and a policy that win over the 
 headers unless the key allows overrides, a requests-per-minute and a tokens-per-minute token
 bucket and a cap on concurrent requests (429 with ``Retry-After``, never past the minute).
 Tokens are charged up front at the request's budget (prompt plus output, bounded by the
-context length of each choice) and settled when it ends (see router.proxy.handler). A
-reload keeps every key's usage (:meth:`Gate.adopt`). Error messages never name a key.
+context length of each choice) and settled when it ends (router.proxy.exchange). A reload
+keeps every key's usage (:meth:`Gate.adopt`). Error messages never name a key.
 
 When ``require_api_key`` is off, unknown or missing keys pass, under the ``anonymous`` limits
 if configured (a known key still gets its class, policy and limits), and ``/turnout/*``

@@ -82,6 +82,8 @@ class Exchange:
     tenant: str | None = None
     """The client key's capture id (a keyed hash), when the key is a configured one."""
     backend: str | None = None
+    sent: bool = False
+    """The request went out to an engine (its first attempt began)."""
     failovers: int = 0
     status: int = 500
     meter: StreamMeter | None = None
@@ -124,6 +126,39 @@ class Exchange:
         if 200 <= self.status < 300 and self.error is None:
             return "ok"
         return answer_reason(self.status)  # the engine's own error answer, passed on
+
+    def settlement(self, charged: int, answered: int | None) -> int:
+        """The tokens the request is finally charged: it was charged ``charged`` up front
+        (its budget, as bounded there), and an engine's answer began with status
+        ``answered`` (None: none did).
+
+        Nothing when an engine's answer was an error (it generated nothing); else the
+        engine's usage when it reported one. A client who left after the request was sent
+        is charged what the engine was asked to generate (``charged``), unless it left a
+        stream the engine had begun: closing that stream stops the engine, and it is charged
+        what was relayed. A refused or failed request (no engine answered) is charged
+        nothing. Otherwise, with no usage figure, what the router saw relayed: the prompt as
+        it counted it plus a token per streamed event (or the tokens it counts in a body's
+        text, or one per 4 bytes of a body it cannot read), at least one and never more
+        than ``charged``, so a missing figure neither frees the answer nor bills the budget.
+        """
+        meter, info = self.meter, self.info
+        if info is None or (answered is not None and not 200 <= answered < 300):
+            return 0
+        if meter is not None and meter.completion_tokens is not None:
+            return (meter.prompt_tokens or info.prompt_tokens) + meter.completion_tokens
+        left = self.sent and self.status == CLIENT_CLOSED
+        if answered is None or meter is None:
+            return charged if left else 0
+        if left and not info.stream:
+            return charged
+        if info.stream:
+            output = meter.data_events
+        elif meter.body_tokens is not None:
+            output = meter.body_tokens
+        else:
+            output = -(-meter.body_bytes // 4)
+        return min(charged, info.prompt_tokens + max(1, output))
 
     def finish(self, state: RouterState) -> None:
         """Metrics, policy feedback, goodput and capture for the finished request."""

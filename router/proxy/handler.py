@@ -108,6 +108,7 @@ async def handle(
             trace.picked(policy.name, ranked, t, time.monotonic())
         state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, state.policies)
         timeouts = state.config.timeouts_for(info.request_class)
+        ex.sent = True
         opened = await open_upstream(
             state.connections,
             targets,
@@ -189,7 +190,7 @@ async def handle(
             opened.lease.release()
         state.admission.release()  # a slot may have freed up (here or in a failed attempt)
         if lease is not None:
-            lease.release(_settlement(ex, opened, lease.charged))
+            lease.release(ex.settlement(lease.charged, opened.head.status if opened else None))
         ex.finish(state)
 
 
@@ -263,30 +264,6 @@ def _plan(
         why = f": {decision.empty_reason}" if decision.empty_reason else ""
         raise RouterError(503, f"policy '{policy.name}' found no backend{why}", code="no_backend")
     return targets
-
-
-def _settlement(ex: Exchange, opened: Opened | None, charged: int) -> int:
-    """The tokens a request is finally charged (it was charged ``charged`` up front).
-
-    The engine's usage when it reported one; nothing when no engine answered with success
-    (a refused or failed request generated nothing); else what the router saw relayed: the
-    prompt as it counted it plus a token per streamed event (or the tokens it counts in a
-    body's text, or one per 4 bytes of a body it cannot read), at least one and never more
-    than was charged, so a missing usage figure neither frees the
-    answer nor bills the whole budget.
-    """
-    meter, info = ex.meter, ex.info
-    if meter is None or info is None or opened is None or not 200 <= opened.head.status < 300:
-        return 0
-    if meter.completion_tokens is not None:
-        return (meter.prompt_tokens or info.prompt_tokens) + meter.completion_tokens
-    if info.stream:
-        output = meter.data_events
-    elif meter.body_tokens is not None:
-        output = meter.body_tokens
-    else:
-        output = -(-meter.body_bytes // 4)
-    return min(charged, info.prompt_tokens + max(1, output))
 
 
 def _failed_over(state: RouterState, policy: str, failure: Failure) -> None:

@@ -2,18 +2,23 @@
 hostile backend (tests/misbehaving.py). Each test is an attack that worked before:
 
 - a backend reporting ``max_model_len: 1`` made every answer cost one token;
-- usage of ``n`` choices was bounded by one context length.
+- usage of ``n`` choices was bounded by one context length;
+- a client that left a non-streamed request before its answer was refunded in full.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import socket
+import struct
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -63,6 +68,13 @@ def _wait_backend(router: Process, backend: str, field: str, value: object) -> N
     deadline = time.monotonic() + 10
     while (shown := _backends(router)[backend])[field] != value:
         assert time.monotonic() < deadline, shown
+        time.sleep(0.05)
+
+
+def _wait_idle(router: Process) -> None:
+    deadline = time.monotonic() + 10
+    while any(b["inflight"] for b in _backends(router).values()):
+        assert time.monotonic() < deadline, "requests still in flight"
         time.sleep(0.05)
 
 
@@ -118,3 +130,52 @@ def test_n_choices_are_charged_per_choice(router: Process) -> None:
     # Billed 128,005 of 200,000 (one context length, 32,768, before): no room for another.
     with pytest.raises(openai.RateLimitError):
         eight()
+
+
+def test_a_client_that_leaves_before_the_answer_pays_the_budget(tmp_path: Path) -> None:
+    """It leaves with a reset (a client that merely shuts its sending side is still
+    answered: router.server.wire), while the engine generates its 30,000 tokens."""
+    with start_emulator("vllm", time_scale=20) as emu, _misbehaving() as hostile:
+        doc = _router_doc(emu.url, hostile.url, _key("tpm", tokens_per_minute=40_000))
+        with start_router(write_config(tmp_path, doc)) as router:
+            body = json.dumps(
+                {
+                    "model": MODEL,
+                    "messages": HI,
+                    "max_tokens": 30_000,
+                    "min_tokens": 30_000,
+                    "ignore_eos": True,
+                }
+            ).encode()
+            with socket.create_connection(_addr(router), timeout=5) as sock:
+                sock.sendall(_head("/v1/chat/completions", "tpm", body))
+                _wait_backend(router, "emu", "inflight", 1)
+                _reset(sock)
+            _wait_idle(router)
+            # Charged its 30,000-token budget (refunded in full before): the next one waits.
+            with pytest.raises(openai.RateLimitError):
+                _client(router, "tpm").chat.completions.create(
+                    model=MODEL, messages=HI, max_tokens=30_000
+                )
+
+
+def _addr(router: Process) -> tuple[str, int]:
+    parts = urlsplit(router.url)
+    assert parts.hostname is not None and parts.port is not None
+    return parts.hostname, parts.port
+
+
+def _reset(sock: socket.socket) -> None:
+    """Leave with a reset, not a half-close (which asks for the answer still)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _head(path: str, key: str, body: bytes, length: int | None = None) -> bytes:
+    """A request's head and ``body``; ``length``: the Content-Length declared (default: the
+    body's)."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {KEYS[key]}\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
+    ).encode() + body
