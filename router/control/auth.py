@@ -114,6 +114,16 @@ class Quota:
         self.requests = _bucket(rpm, None, clock)
         self.tokens = _bucket(tpm, None, clock)
 
+    def check(self, who: str, tokens: float) -> None:
+        """429 (naming the caller as ``who``) unless a slot, a request and ``tokens`` tokens
+        are free now; takes nothing."""
+        if self.max_concurrency is not None and self.inflight >= self.max_concurrency:
+            raise _too_many(f"{who} has {self.inflight} requests open", 1.0)
+        if self.requests is not None and (wait := self.requests.wait_for(1)) > 0:
+            raise _too_many(f"{who} is over its requests per minute", wait)
+        if tokens and self.tokens is not None and (wait := self.tokens.wait_for(tokens)) > 0:
+            raise _too_many(f"{who} is over its tokens per minute", wait)
+
     def take_over(self, old: Quota) -> Quota:
         """``old``, now with this quota's limits (it keeps its levels and in-flight count)."""
         old.requests = _bucket(self._rpm, old.requests, self._clock)
@@ -292,12 +302,20 @@ class Gate:
         if self._anonymous is not None and previous._anonymous is not None:
             self._anonymous = self._anonymous.take_over(previous._anonymous)
 
+    def _quota(self, tenant: Tenant | None) -> tuple[Quota, str] | None:
+        """The quota a caller's requests count against, and how errors name it."""
+        if tenant is not None:
+            return tenant.quota, "this API key"
+        if self._anonymous is not None:
+            return self._anonymous, "anonymous traffic"
+        return None
+
     def admit(self, tenant: Tenant | None, info: RequestInfo, context_tokens: int) -> Lease | None:
         """Check the caller's model list and limits; take a slot and charge the buckets.
 
         The charge is the request's budget (prompt plus output of every choice), never more
         than ``context_tokens`` a choice (no engine can use more) nor than the token bucket
-        holds.
+        holds; a request charged nothing (a tokenizer call) needs no tokens.
         """
         if tenant is not None:
             spec = tenant.spec
@@ -308,23 +326,15 @@ class Gate:
                     "model",
                     "model_not_allowed",
                 )
-            quota, who = tenant.quota, "this API key"
-        elif self._anonymous is not None:
-            quota, who = self._anonymous, "anonymous traffic"
-        else:
+        found = self._quota(tenant)
+        if found is None:
             return None
-        if quota.max_concurrency is not None and quota.inflight >= quota.max_concurrency:
-            raise _too_many(f"{who} has {quota.inflight} requests open", 1.0)
+        quota, who = found
         ceiling = info.choices * context_tokens
         charge = min(info.prompt_tokens + info.expected_output_tokens, ceiling)
         if quota.tokens is not None:
             charge = min(charge, int(quota.tokens.capacity))
-        wait_req = quota.requests.wait_for(1) if quota.requests is not None else 0.0
-        wait_tok = quota.tokens.wait_for(charge) if quota.tokens is not None else 0.0
-        if wait_req > 0:
-            raise _too_many(f"{who} is over its requests per minute", wait_req)
-        if wait_tok > 0:
-            raise _too_many(f"{who} is over its tokens per minute", wait_tok)
+        quota.check(who, charge)
         if quota.requests is not None:
             quota.requests.take(1)
         if quota.tokens is not None:

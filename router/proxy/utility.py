@@ -3,10 +3,12 @@
 These generate nothing, so they skip the request path's classification, policy, admission
 queue and bookkeeping: a policy must not learn from them, a tokenizer call must not sit among
 the latency figures, and a capture must not hold them (replay would send them again). What
-they keep: the caller's API key is checked, the body is size-bounded and must be a JSON object
-whose ``model`` (optional, as on vLLM) is one the turnout serves, the backend's answer is
-bounded and checked like any other (router.proxy.relay), and failover moves down the
-least-loaded healthy backends serving the model.
+they keep: the caller's API key, its model list and its limits (each call counts against its
+requests per minute and takes one of its concurrent slots; no tokens are charged, since none
+are generated), the body is size-bounded and must be a JSON object whose ``model`` (optional,
+as on vLLM, unless the key allows only some models) is one the turnout serves, the backend's
+answer is bounded and checked like any other (router.proxy.relay), and failover moves down
+the least-loaded healthy backends serving the model.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from policies.types import Endpoint, RequestInfo
 from router.backends.pool import BackendState
+from router.control.auth import Lease
 from router.control.classify import parse_object
 from router.proxy.body import upstream_body
 from router.proxy.relay import failed_answer, relay
@@ -33,17 +36,42 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
     """Answer one ``/tokenize`` or ``/detokenize`` request with a backend's answer."""
     rid = request_id(request.headers.get("X-Request-Id"))
     extra = {"X-Request-Id": rid}
+    lease: Lease | None = None
     try:
-        state.gate.identify(request.headers)
-        limits = state.config.listen
-        raw = await request.body(limits.max_body_bytes, state.config.limits)
+        gate = state.gate
+        tenant = gate.identify(request.headers)
+        raw = await request.body(state.config.listen.max_body_bytes, state.config.limits)
         doc = _parse(raw)
         model = doc.get("model")
-        targets = [
-            Target(b, b.spec.url + UTILITY_PATHS[endpoint], _body(state, b, raw, doc, model))
-            for b in _backends(state, model)
-        ]
+        if model is None and tenant is not None and tenant.spec.models:
+            message = "this API key may use only some models: name one in 'model'"
+            raise RouterError(403, message, "model", "model_not_allowed")
         info = RequestInfo(rid, endpoint, model or "", "interactive", max_tokens=0)
+        lease = gate.admit(tenant, info, 0)  # its model list and limits; charged nothing
+        return await _forwarded(request, state, info, raw, doc, extra)
+    except RouterError as exc:
+        return error_answer(exc, extra)
+    finally:
+        if lease is not None:
+            lease.release(0)
+
+
+async def _forwarded(
+    request: Client,
+    state: RouterState,
+    info: RequestInfo,
+    raw: bytes,
+    doc: dict[str, Any],
+    extra: dict[str, str],
+) -> Answer | None:
+    """The call, admitted, sent to the first backend that answers and relayed."""
+    model = doc.get("model")
+    path = UTILITY_PATHS[info.endpoint]
+    targets = [
+        Target(b, b.spec.url + path, _body(state, b, raw, doc, model))
+        for b in _backends(state, model)
+    ]
+    try:
         opened = await open_upstream(
             state.connections,
             targets,
@@ -53,8 +81,6 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
             failover=state.config.failover,
             on_failover=lambda _: None,
         )
-    except RouterError as exc:
-        return error_answer(exc, extra)
     except UpstreamFailed as exc:
         return failed_answer(exc.last, extra)[0]
     extra["X-Turnout-Backend"] = opened.target.backend.name

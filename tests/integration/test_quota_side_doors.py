@@ -3,7 +3,8 @@ hostile backend (tests/misbehaving.py). Each test is an attack that worked befor
 
 - a backend reporting ``max_model_len: 1`` made every answer cost one token;
 - usage of ``n`` choices was bounded by one context length;
-- a client that left a non-streamed request before its answer was refunded in full.
+- a client that left a non-streamed request before its answer was refunded in full;
+- ``/tokenize`` and ``/detokenize`` skipped the key's model list, rate and concurrency.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from tests.procs import Process, start_emulator, start_process
-from tests.router.harness import base_config, request, start_router, write_config
+from tests.router.harness import base_config, post, request, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
+OTHER = "other-model"
+"""An alias of the emulator's model that the restricted key may not use."""
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
-KEYS = {name: f"sk-{name}-side-door" for name in ("ops", "tpm")}
+KEYS = {name: f"sk-{name}-side-door" for name in ("ops", "tpm", "tok", "single")}
 
 
 def _key(name: str, **limits: Any) -> dict[str, Any]:
@@ -45,6 +48,7 @@ def _misbehaving(*args: str) -> Iterator[Process]:
 
 def _router_doc(emulator: str, hostile: str, *keys: dict[str, Any]) -> dict[str, Any]:
     doc = base_config([("emu", "vllm", emulator), ("hostile", "vllm", hostile)])
+    doc["aliases"] = {OTHER: {"emu": MODEL}}
     doc["api_keys"] = [_key("ops", admin=True), *keys]
     doc["require_api_key"] = True
     return doc
@@ -85,6 +89,8 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
             emu.url,
             hostile.url,
             _key("tpm", tokens_per_minute=200_000),
+            _key("tok", models=[MODEL], requests_per_minute=5),
+            _key("single", max_concurrency=1),
         )
         with start_router(write_config(tmp_path_factory.mktemp("side-doors"), doc)) as proc:
             yield proc
@@ -157,6 +163,40 @@ def test_a_client_that_leaves_before_the_answer_pays_the_budget(tmp_path: Path) 
                 _client(router, "tpm").chat.completions.create(
                     model=MODEL, messages=HI, max_tokens=30_000
                 )
+
+
+def _tokenize(router: Process, key: str, **body: Any) -> tuple[int, dict[str, Any]]:
+    reply = post(router.url + "/tokenize", body, {"Authorization": f"Bearer {KEYS[key]}"})
+    return reply.status, reply.json()
+
+
+def test_tokenizer_calls_keep_the_keys_model_list_and_rate(router: Process) -> None:
+    status, doc = _tokenize(router, "tok", model=OTHER, prompt="hello")
+    assert status == 403 and doc["error"]["code"] == "model_not_allowed"
+    status, doc = _tokenize(router, "tok", prompt="hello")  # no model: any backend's
+    assert status == 403 and doc["error"]["code"] == "model_not_allowed"
+    statuses = [_tokenize(router, "tok", model=MODEL, prompt="hello")[0] for _ in range(20)]
+    # 5 a minute: the refused calls above took none of them.
+    assert 5 <= statuses.count(200) <= 6 and statuses.count(429) == 20 - statuses.count(200)
+    detokenized = post(
+        router.url + "/detokenize",
+        {"model": MODEL, "tokens": [1, 2]},
+        {"Authorization": f"Bearer {KEYS['tok']}"},
+    )
+    assert detokenized.status == 429
+
+
+def test_tokenizer_calls_take_a_concurrent_slot(router: Process) -> None:
+    held = socket.create_connection(_addr(router), timeout=5)
+    try:  # a call the hostile backend never answers holds the key's one slot
+        held.sendall(_head("/tokenize", "single", b'{"model": "hang", "prompt": "x"}'))
+        _wait_backend(router, "hostile", "inflight", 1)
+        status, doc = _tokenize(router, "single", model=MODEL, prompt="hello")
+        assert status == 429 and "requests open" in doc["error"]["message"]
+    finally:
+        _reset(held)  # the client leaves: the slot is freed
+    _wait_idle(router)
+    assert _tokenize(router, "single", model=MODEL, prompt="hello")[0] == 200
 
 
 def _addr(router: Process) -> tuple[str, int]:
