@@ -9,9 +9,11 @@ depend on which key (if any) matched.
 Per key: allowed models (403 otherwise), a class and a policy that win over the request's
 headers unless the key allows overrides, a requests-per-minute and a tokens-per-minute token
 bucket and a cap on concurrent requests (429 with ``Retry-After``, never past the minute).
-Tokens are charged up front at the request's budget (prompt plus output, bounded by the
-context length of each choice) and settled when it ends (router.proxy.exchange). A reload
-keeps every key's usage (:meth:`Gate.adopt`). Error messages never name a key.
+Where the quota alone decides (a window already spent, every slot taken), the request is
+refused before its body is read (:meth:`Gate.refuse_early`). Tokens are charged up front at
+the request's budget (prompt plus output, bounded by the context length of each choice) and
+settled when it ends (router.proxy.exchange). A reload keeps every key's usage
+(:meth:`Gate.adopt`). Error messages never name a key.
 
 When ``require_api_key`` is off, unknown or missing keys pass, under the ``anonymous`` limits
 if configured (a known key still gets its class, policy and limits), and ``/turnout/*``
@@ -309,6 +311,15 @@ class Gate:
         if self._anonymous is not None:
             return self._anonymous, "anonymous traffic"
         return None
+
+    def refuse_early(self, tenant: Tenant | None, *, tokens: bool = True) -> None:
+        """429 now if the caller's quota alone refuses any request: every concurrent slot
+        taken, or the requests window (or, with ``tokens``, the token window) spent. Called
+        before the body is read, so a caller over its quota costs no reading nor parsing;
+        :meth:`admit` checks again, with the request's own charge."""
+        found = self._quota(tenant)
+        if found is not None:
+            found[0].check(found[1], 1 if tokens else 0)
 
     def admit(self, tenant: Tenant | None, info: RequestInfo, context_tokens: int) -> Lease | None:
         """Check the caller's model list and limits; take a slot and charge the buckets.

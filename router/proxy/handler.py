@@ -75,6 +75,7 @@ async def handle(
         ex.tenant = tenant.capture_id if tenant is not None else None
         ex.policy = policy = _policy(request, state, tenant)
         extra["X-Turnout-Policy"] = policy.name
+        state.gate.refuse_early(tenant)  # over quota: not worth reading the body
         limits = state.config.limits
         ex.body = await request.body(state.config.listen.max_body_bytes, limits)
         understand = partial(

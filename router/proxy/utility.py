@@ -40,6 +40,7 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
     try:
         gate = state.gate
         tenant = gate.identify(request.headers)
+        gate.refuse_early(tenant, tokens=False)  # over quota: not worth reading the body
         raw = await request.body(state.config.listen.max_body_bytes, state.config.limits)
         doc = _parse(raw)
         model = doc.get("model")

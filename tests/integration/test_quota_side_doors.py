@@ -4,7 +4,8 @@ hostile backend (tests/misbehaving.py). Each test is an attack that worked befor
 - a backend reporting ``max_model_len: 1`` made every answer cost one token;
 - usage of ``n`` choices was bounded by one context length;
 - a client that left a non-streamed request before its answer was refunded in full;
-- ``/tokenize`` and ``/detokenize`` skipped the key's model list, rate and concurrency.
+- ``/tokenize`` and ``/detokenize`` skipped the key's model list, rate and concurrency;
+- a key over its quota still had its body read and parsed before the 429.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ MODEL = "deepseek-v4.1-flash"
 OTHER = "other-model"
 """An alias of the emulator's model that the restricted key may not use."""
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
-KEYS = {name: f"sk-{name}-side-door" for name in ("ops", "tpm", "tok", "single")}
+KEYS = {name: f"sk-{name}-side-door" for name in ("ops", "tpm", "tok", "once", "single", "small")}
 
 
 def _key(name: str, **limits: Any) -> dict[str, Any]:
@@ -90,7 +91,9 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
             hostile.url,
             _key("tpm", tokens_per_minute=200_000),
             _key("tok", models=[MODEL], requests_per_minute=5),
+            _key("once", requests_per_minute=1),
             _key("single", max_concurrency=1),
+            _key("small", tokens_per_minute=1000),
         )
         with start_router(write_config(tmp_path_factory.mktemp("side-doors"), doc)) as proc:
             yield proc
@@ -219,3 +222,46 @@ def _head(path: str, key: str, body: bytes, length: int | None = None) -> bytes:
         f"Authorization: Bearer {KEYS[key]}\r\n"
         f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
     ).encode() + body
+
+
+def _refused_before_the_body(router: Process, key: str) -> dict[str, Any]:
+    """Send the head of an 8 MiB request and 1 KiB of it: the answer must come without the
+    rest (the router did not wait for, read or parse it)."""
+    with socket.create_connection(_addr(router), timeout=5) as sock:
+        sock.sendall(_head("/v1/chat/completions", key, b"{" + b" " * 1023, 8 << 20))
+        data = b""
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)  # times out (5 s) if the router waits for the body
+            assert chunk, data
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 429"), head
+    assert b"retry-after:" in head.lower() and b"connection: close" in head.lower()
+    error: dict[str, Any] = json.loads(body)["error"]
+    assert error["code"] == "rate_limit_exceeded"
+    return error
+
+
+def test_over_its_request_rate_the_body_is_not_read(router: Process) -> None:
+    _client(router, "once").chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
+    assert "requests per minute" in _refused_before_the_body(router, "once")["message"]
+
+
+def test_over_its_token_rate_the_body_is_not_read(router: Process) -> None:
+    # 2,000 tokens used of 1,000 a minute: the key is in debt.
+    _client(router, "small").chat.completions.create(
+        model="full-budget", messages=HI, max_tokens=2000
+    )
+    assert "tokens per minute" in _refused_before_the_body(router, "small")["message"]
+
+
+def test_at_its_concurrency_the_body_is_not_read(router: Process) -> None:
+    held = socket.create_connection(_addr(router), timeout=5)
+    try:  # a request the hostile backend never answers holds the key's one slot
+        body = b'{"model": "hang", "messages": [{"role": "user", "content": "hi"}]}'
+        held.sendall(_head("/v1/chat/completions", "single", body))
+        _wait_backend(router, "hostile", "inflight", 1)
+        assert "requests open" in _refused_before_the_body(router, "single")["message"]
+    finally:
+        _reset(held)
+    _wait_idle(router)

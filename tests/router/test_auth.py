@@ -240,6 +240,32 @@ def test_n_choices_are_charged_and_bounded_per_choice() -> None:
     assert tenant.quota.tokens.level == 1000 - 810 - 200
 
 
+def test_a_window_spent_is_refused_before_anything_is_read() -> None:
+    clock = Clock()
+    specs = [
+        ApiKeySpec("r", sha256=sha("r"), requests_per_minute=1),
+        ApiKeySpec("t", sha256=sha("t"), tokens_per_minute=100),
+        ApiKeySpec("c", sha256=sha("c"), max_concurrency=1),
+    ]
+    gate = Gate(specs, required=True, clock=clock)
+    by_rate, by_tokens, by_slots = (gate.identify(bearer(k)) for k in "rtc")
+    for tenant in (by_rate, by_tokens, by_slots):
+        gate.refuse_early(tenant)  # nothing spent yet
+        lease = gate.admit(tenant, req(prompt=100, max_tokens=100), CTX)
+        assert lease is not None
+        if tenant is not by_slots:
+            lease.release(200)  # used 200 of a 100-a-minute bucket: in debt
+    for tenant, why in ((by_rate, "requests"), (by_tokens, "tokens"), (by_slots, "open")):
+        with pytest.raises(RouterError) as exc:
+            gate.refuse_early(tenant)
+        assert exc.value.status == 429 and why in exc.value.message
+    gate.refuse_early(by_tokens, tokens=False)  # a tokenizer call spends no tokens
+    # ...nor does admitting it need any: it is charged nothing.
+    utility = RequestInfo("r", "tokenize", "m", "interactive", max_tokens=0)
+    lease = gate.admit(by_tokens, utility, 0)
+    assert lease is not None and lease.charged == 0
+
+
 def test_anonymous_traffic_has_its_own_limits() -> None:
     gate = Gate(
         [ApiKeySpec("u", sha256=sha("u"))],
