@@ -155,7 +155,7 @@ class Executor:
     async def _turn(self) -> None:
         now = time.time()
         batches = await self._store.active()
-        self._metrics.update_rates({b.id for b in batches})
+        self._metrics.update_rate()
         wanting = False
         for batch in batches:
             if batch.status == "finalizing":
@@ -201,7 +201,7 @@ class Executor:
                 return
             done = _finished(line, status, request_id, body)
             if await self._store.finish_line(line, self.worker, done, time.time()):
-                self._metrics.line(batch.id, done.ok, done.prompt_tokens, done.completion_tokens)
+                self._metrics.line(done.ok, done.prompt_tokens, done.completion_tokens)
         except asyncio.CancelledError:
             raise
         except Exception:  # answered as failed, else the same bug would take it again forever
@@ -209,7 +209,7 @@ class Executor:
             failed = Finished(False, _error_line(line.custom_id, "internal", _INTERNAL))
             with contextlib.suppress(Exception):
                 if await self._store.finish_line(line, self.worker, failed, time.time()):
-                    self._metrics.line(batch.id, False, 0, 0)
+                    self._metrics.line(False, 0, 0)
         finally:
             self._running.pop((line.batch_id, line.idx), None)
             self._wake.set()
@@ -260,7 +260,7 @@ class Executor:
                 expired += 1
                 errors.append(_error_line(r.custom_id, "batch_expired", _EXPIRED))
         if expired:
-            self._metrics.expired(batch.id, expired)
+            self._metrics.expired(expired)
         files: list[tuple[FileRow, bytes]] = []
         ids: dict[str, str | None] = {"output": None, "error": None}
         for kind, lines in (("output", output), ("error", errors)):

@@ -1,7 +1,8 @@
-"""Per-batch Prometheus metrics, in the router's registry (router.observe.metrics).
+"""Batch Prometheus metrics, in the router's registry (router.observe.metrics).
 
-One series per batch this process ran lines of (a batch is a job, not a request: their
-number grows with jobs submitted, which is bounded by the store's retention).
+No series is labelled by batch: batches come and go without end (each would leave its series
+behind, in every worker's multiprocess files too, where they cannot be removed), and a
+batch's own progress is the Batch API's (``request_counts``). These are the process's totals.
 """
 
 from __future__ import annotations
@@ -23,19 +24,18 @@ class BatchMetrics:
         self._lines = Counter(
             "turnout_batch_lines_total",
             "Batch lines this router answered, by outcome (completed, failed, expired).",
-            ["batch", "outcome"],
+            ["outcome"],
             registry=r,
         )
         self._tokens = Counter(
             "turnout_batch_tokens_total",
             "Tokens of the batch lines this router answered (engine usage).",
-            ["batch", "kind"],
+            ["kind"],
             registry=r,
         )
         self._rate = Gauge(
             "turnout_batch_lines_per_second",
-            f"Lines of the batch this router answered per second over {THROUGHPUT_WINDOW:g} s.",
-            ["batch"],
+            f"Batch lines this router answered per second over {THROUGHPUT_WINDOW:g} s.",
             registry=r,
         )
         self.window = Gauge(
@@ -46,25 +46,24 @@ class BatchMetrics:
         self.inflight = Gauge(
             "turnout_batch_inflight_lines", "Batch lines running on this router.", registry=r
         )
-        self._recent: deque[tuple[float, str]] = deque()
+        for outcome in ("completed", "failed", "expired"):  # at 0 before the first line
+            self._lines.labels(outcome)
+        for kind in ("prompt", "completion"):
+            self._tokens.labels(kind)
+        self._recent: deque[float] = deque()
 
-    def line(self, batch: str, ok: bool, prompt_tokens: int, completion_tokens: int) -> None:
-        self._lines.labels(batch, "completed" if ok else "failed").inc()
-        self._tokens.labels(batch, "prompt").inc(prompt_tokens)
-        self._tokens.labels(batch, "completion").inc(completion_tokens)
-        self._recent.append((time.monotonic(), batch))
+    def line(self, ok: bool, prompt_tokens: int, completion_tokens: int) -> None:
+        self._lines.labels("completed" if ok else "failed").inc()
+        self._tokens.labels("prompt").inc(prompt_tokens)
+        self._tokens.labels("completion").inc(completion_tokens)
+        self._recent.append(time.monotonic())
 
-    def expired(self, batch: str, count: int) -> None:
-        self._lines.labels(batch, "expired").inc(count)
+    def expired(self, count: int) -> None:
+        self._lines.labels("expired").inc(count)
 
-    def update_rates(self, batches: set[str]) -> None:
-        """Refresh the throughput gauges of ``batches`` (the running ones) from recent lines."""
+    def update_rate(self) -> None:
+        """Refresh the throughput gauge from the lines of the last window."""
         cutoff = time.monotonic() - THROUGHPUT_WINDOW
-        while self._recent and self._recent[0][0] < cutoff:
+        while self._recent and self._recent[0] < cutoff:
             self._recent.popleft()
-        counts = dict.fromkeys(batches, 0)
-        for _, batch in self._recent:
-            if batch in counts:
-                counts[batch] += 1
-        for batch, n in counts.items():
-            self._rate.labels(batch).set(n / THROUGHPUT_WINDOW)
+        self._rate.set(len(self._recent) / THROUGHPUT_WINDOW)
