@@ -38,6 +38,8 @@ MODES = {
     "html-502": "a 502 HTML page naming an internal host and a password",
     "html-404": "a 404 HTML page naming an internal host and a password",
     "leaky-headers": "a proper answer with Set-Cookie, Server, Via, X-Upstream-* ... headers",
+    "endless-trailers": "a whole chunked answer, then trailer fields of flood bytes in all",
+    "huge-trailer": "a whole chunked answer, then one trailer field of flood bytes",
     "hang": "reads the request, never answers",
     "hang-after-head": "sends a response head, never the body",
     "gzip-answer": "the answer gzip-compressed under Content-Encoding: gzip (streamed or not)",
@@ -129,6 +131,8 @@ class Misbehaving:
             return await self._huge_body(writer)
         if mode in _HEAD_MODES:
             return await _odd_head(writer, mode, chat, stream)
+        if mode in ("endless-trailers", "huge-trailer"):
+            return await self._trailers(writer, mode, chat, stream)
         extra = LEAKY_HEADERS if mode == "leaky-headers" else ()
         if not stream:
             answer = _completion(chat, "hi there", usage)
@@ -199,6 +203,32 @@ class Misbehaving:
         for _ in range(count):
             await _send(writer, piece)
             self.sent["huge-body"] += _PIECE
+        await _send(writer, end)
+        return True
+
+    async def _trailers(
+        self, writer: asyncio.StreamWriter, mode: str, chat: bool, stream: bool
+    ) -> bool:
+        """A whole answer (the stream to its ``[DONE]``), chunked; then trailers of flood
+        bytes: field after field, or one field's value."""
+        if stream:
+            await _send(writer, _stream_head(()))
+            ending = _event(chat, " there", "stop") + b"\n\ndata: [DONE]\n\n"
+            await _chunk(writer, _event(chat, "hi") + b"\n\n" + ending)
+        else:
+            await _send(writer, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Transfer-Encoding: chunked\r\nTrailer: X-Flood\r\n\r\n")  # fmt: skip
+            await _chunk(writer, _completion(chat, "hi there", _USAGE["ok"]))
+        if mode == "huge-trailer":
+            await _send(writer, b"0\r\nX-Flood: ")
+            piece, end = b"x" * _PIECE, b"\r\n\r\n"
+        else:
+            await _send(writer, b"0\r\n")
+            field = b"X-Flood: " + b"x" * 53 + b"\r\n"
+            piece, end = field * (_PIECE // len(field)), b"\r\n"
+        for _ in range(self.flood_bytes // len(piece)):
+            await _send(writer, piece)
+            self.sent[mode] += len(piece)
         await _send(writer, end)
         return True
 

@@ -35,7 +35,10 @@ from router.config.backends import ClientTls
 
 Sink = Callable[[bytes], None]
 MAX_HEAD_BYTES = 64 * 1024
-"""The most header bytes a backend's response may carry (aiohttp's client allows 8 KiB a line)."""
+"""The most header bytes a backend's response may carry (aiohttp's client allows 8 KiB a line),
+and the most bytes it may send after its head without a byte of body: chunk framing and
+trailers. llhttp bounds neither, and httptools joins a header value's pieces by
+concatenation (quadratic in its length), so past this the response is a protocol error."""
 IDLE_SECONDS = 4.0
 """How long an unused connection is kept: under uvicorn's (and so vLLM's) 5 s keep-alive, so
 the router does not write a request into a connection the engine is just closing."""
@@ -54,8 +57,8 @@ class ConnectTimeout(UpstreamTimeout):
 
 
 class ProtocolError(UpstreamError):
-    """A response head that breaks HTTP; ``kind`` names the break for
-    ``turnout_upstream_protocol_errors_total``."""
+    """A response that breaks HTTP (its head, or what follows its body); ``kind`` names the
+    break for ``turnout_upstream_protocol_errors_total``."""
 
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
@@ -136,6 +139,8 @@ class Connection(asyncio.Protocol):
         self._headers: list[tuple[str, str]] = []
         self._head_bytes = 0
         """Bytes received while the head is incomplete; -1 once it is complete."""
+        self._bodiless = 0
+        """Bytes received since the head in segments that held no body (framing, trailers)."""
         self._done: asyncio.Future[None] | None = None
         self._pending: list[bytes] = []
         """Body pieces the parser handed over while one received segment was parsed."""
@@ -266,6 +271,16 @@ class Connection(asyncio.Protocol):
             if self._head_bytes > MAX_HEAD_BYTES:  # llhttp sets no bound of its own
                 self.abort(UpstreamError(f"response head exceeds {MAX_HEAD_BYTES} bytes"))
                 return
+        elif self._pending:
+            self._bodiless = 0
+        elif not self._complete:
+            # Trailers come after the last body byte: so they are bounded, and also a run of
+            # chunk framing (an endless chunk extension) that carries nothing.
+            self._bodiless += len(data)
+            if self._bodiless > MAX_HEAD_BYTES:
+                message = f"response trailers or chunk framing exceed {MAX_HEAD_BYTES} bytes"
+                self.abort(ProtocolError(message, "trailers_too_large"))
+                return
         if self._pending:
             self._hand_over()
 
@@ -286,6 +301,8 @@ class Connection(asyncio.Protocol):
     # -- httptools callbacks ----------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_bytes < 0:
+            return  # a trailer: nothing reads them, so nothing keeps them
         self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_message_begin(self) -> None:

@@ -141,7 +141,7 @@ async def handle(
             idle=timeouts.idle,
             max_body=limits.max_upstream_body_bytes,
         )
-        ex.status, ex.end = relayed.status, relayed.end
+        ex.status, ex.end, ex.protocol_error = relayed.status, relayed.end, relayed.protocol_error
         if relayed.backend_fault:
             opened.lease.failed()  # a stalled or misbehaving engine counts toward ejection
         if relayed.error is not None:

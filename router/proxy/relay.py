@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from multidict import CIMultiDict
 
 from router.proxy.body import OFFLOAD_BYTES
-from router.proxy.connection import BodyTooLarge, Connection, UpstreamError
+from router.proxy.connection import BodyTooLarge, Connection, ProtocolError, UpstreamError
 from router.proxy.drain import CODE, ShuttingDown, shutting_down
 from router.proxy.headers import downstream_headers
 from router.proxy.upstream import (
@@ -125,6 +125,8 @@ class Relayed:
     ``message`` and ``code``."""
     backend_fault: bool = False
     """The backend is to blame: it sent nothing for the idle timeout, or broke the protocol."""
+    protocol_error: str | None = None
+    """How the backend broke HTTP's framing limits, if it did (the connection said)."""
 
 
 async def relay(
@@ -155,6 +157,7 @@ async def relay(
     flow = client.flow
     flow.attach(conn.pause, conn.resume)
     broken: str | None = None
+    protocol: str | None = None
     code, status = "upstream_error", 502
     try:
         conn.stream(forward)
@@ -164,6 +167,8 @@ async def relay(
             broken, code, status = str(exc), CODE, 503
         except UpstreamError as exc:
             broken = str(exc)
+            if isinstance(exc, ProtocolError):
+                code, protocol = "upstream_protocol_error", exc.kind
         end = time.monotonic()
         if meter.failure is not None:  # also when the answer had ended in that last segment
             broken, code = meter.failure, "upstream_protocol_error"
@@ -184,9 +189,9 @@ async def relay(
         flow.detach()
         if watch is not None:
             watch.cancel()
-    fault = meter.failure is not None or (watch is not None and watch.fired)
+    fault = meter.failure is not None or protocol is not None or (watch is not None and watch.fired)
     error = None if broken is None else {"message": broken, "code": code}
-    return Relayed(None, head.status, end, error, backend_fault=fault)
+    return Relayed(None, head.status, end, error, backend_fault=fault, protocol_error=protocol)
 
 
 async def _whole(
@@ -204,6 +209,14 @@ async def _whole(
             f"backend {backend} answered with a body over {limit} bytes",
             code="upstream_body_too_large",
             kind="body_too_large",
+            reason="upstream_broken",
+        ) from None
+    except ProtocolError as exc:
+        raise UpstreamFault(
+            502,
+            f"backend {backend} broke HTTP: {exc}",
+            code="upstream_protocol_error",
+            kind=exc.kind,
             reason="upstream_broken",
         ) from None
     except UpstreamError as exc:  # nothing has reached the client yet: say so properly
