@@ -10,11 +10,15 @@ looks at the batches some router still has work on and, in creation order:
 - takes as many open lines as the pacing window leaves room for (router.batch.pacing) and
   runs each as a ``batch``-class request through the private line site (router.batch.lines).
 
-A line that the router turned away (429, 503: the batch pool is full) is given back and
-taken again after a pause, until the window ends; one whose engine failed (other 5xx) is
-tried up to ``max_attempts`` times; any other answer is final: 2xx to the output file, the
-rest to the error file, in OpenAI's line shape. Leases are renewed while lines run, so only a
-dead router's lines are taken over by another.
+A line that the router turned away (429, 503: the batch pool is full, or the tenant is over
+its own limits) is given back and taken again after a pause, until the window ends; one whose
+engine failed (other 5xx) is tried up to ``max_attempts`` times; any other answer is final:
+2xx to the output file, the rest to the error file, in OpenAI's line shape. Leases are
+renewed while lines run, so only a dead router's lines are taken over by another.
+
+A 429 holds back the lines of that tenant's batches only, for the pause it asked: a tenant
+over its own quota slows nobody else. The pacing window shrinks for what the service fails
+(router.batch.pacing learns it from every finished request), not for a tenant's 429s.
 """
 
 from __future__ import annotations
@@ -84,6 +88,8 @@ class Executor:
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         """This process's name on the leases it holds."""
         self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._held: dict[str, float] = {}
+        """Tenant (owner id) -> ``time.monotonic()`` until which none of its lines start."""
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
@@ -176,9 +182,17 @@ class Executor:
     def _runs(self, batch_id: str) -> bool:
         return any(key[0] == batch_id for key in self._running)
 
+    def _holds(self, owner: str) -> bool:
+        """Whether the tenant's lines wait (a 429 asked it to)."""
+        until = self._held.get(owner)
+        if until is not None and until <= time.monotonic():
+            del self._held[owner]
+            return False
+        return until is not None
+
     async def _take(self, batch: BatchRow, now: float) -> bool:
         """Start lines of ``batch`` as the window allows; True when it wanted more."""
-        if self._site.draining:
+        if self._site.draining or self._holds(batch.owner):
             return False
         free = self._pacer.window - len(self._running)
         if free <= 0:
@@ -194,9 +208,12 @@ class Executor:
         try:
             status, request_id, body, retry_after = await self._send(batch, line)
             if status is None or self._retry(status, line):
-                if status is None or status in _RETRY_ALWAYS:
-                    self._pacer.refused()
                 pause = retry_after or min(30.0, RETRY_PAUSE * 2 ** (line.attempts - 1))
+                if status is None:  # the router itself did not answer
+                    self._pacer.refused()
+                elif status == 429:
+                    until = time.monotonic() + pause
+                    self._held[batch.owner] = max(until, self._held.get(batch.owner, 0.0))
                 await self._store.release_line(line, self.worker, time.time() + pause)
                 return
             done = _finished(line, status, request_id, body)

@@ -9,7 +9,11 @@ it allows:
   first decrease (TCP's slow start: a batch reaches the capacity it is given in a few
   periods), then by a tenth, at least one line (additive increase);
 - halves (multiplicative decrease, not below ``min_concurrency``) when it does not, and when
-  the router turned lines away (429 or saturation), which says the batch pool is full.
+  the service failed a batch request in the period (a reason of
+  router.observe.metrics.FAILURES: the batch pool full, no backend, an engine's error or
+  timeout), which says the shared engines are pressed. A request refused for what its
+  tenant did (its own quota, an invalid body) is no such sign: the executor holds back that
+  tenant's lines alone (router.batch.executor), and the window stays.
 
 The P95 counts only interactive requests served by a backend that also served batch requests
 in the last :data:`SHARED` seconds: a batch can only slow those down (the engine's slots and
@@ -30,6 +34,7 @@ import time
 from collections import deque
 
 from router.config.model import BatchSettings
+from router.observe.metrics import FAILURES
 
 PERIOD = 1.0
 """Seconds between two adjustments."""
@@ -66,17 +71,20 @@ class Pacer:
         """Lines that may be in flight now."""
         return int(self.limit)
 
-    def observe(self, request_class: str, backend: str, ttft: float | None) -> None:
-        """An answered request: a batch one marks its backend shared, an interactive one's
-        TTFT is a sample."""
+    def observe(self, request_class: str, backend: str, ttft: float | None, reason: str) -> None:
+        """A finished request (``reason``: its outcome, router.observe.metrics): a batch one
+        marks its backend shared, and is pressure when the service failed it; an interactive
+        one's TTFT is a sample."""
         now = time.monotonic()
         if request_class == "batch":
             self._batch_seen[backend] = now
+            if reason in FAILURES:
+                self._refused = True
         elif request_class == "interactive" and ttft is not None:
             self._ttfts.append((now, backend, ttft))
 
     def refused(self) -> None:
-        """The router turned a line away (429, no free backend slot)."""
+        """The router did not answer a line at all."""
         self._refused = True
 
     def lag(self, seconds: float) -> None:

@@ -189,7 +189,7 @@ class Exchange:
             output_tokens=output,
         )
         for watch in state.on_finish:
-            watch(cls, backend, ttft)
+            watch(cls, backend, ttft, reason)
         # A TTFT is the first token of an answer, not of an engine's error body.
         first = ttft if reason in _ANSWERED else None
         if state.access_log.wanted(state.config.access_log):

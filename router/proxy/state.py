@@ -47,8 +47,8 @@ class RouterState:
     access_log: AccessLog = field(default_factory=AccessLog)
     fleet: Fleet | None = None
     """Adds and removes backends (between the app's startup and cleanup)."""
-    on_finish: list[Callable[[str, str, float | None], None]] = field(default_factory=list)
-    """Told each finished request's class, backend and TTFT (the batch executor's pacing)."""
+    on_finish: list[Callable[[str, str, float | None, str], None]] = field(default_factory=list)
+    """Told each finished request's class, backend, TTFT and reason (the batch pacing)."""
     tracing: Tracing = field(default_factory=NoTracing)
     """Request traces (router.observe.tracing): a no-op unless OpenTelemetry is set up."""
     _session: aiohttp.ClientSession | None = None
