@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import io
 import random
 import re
@@ -50,6 +51,7 @@ from benchmarks.mixed_workload import (
     stop,
 )
 
+KEY = "batch-bench-key"
 _INFLIGHT = re.compile(r"^turnout_batch_inflight_lines (\S+)$", re.M)
 
 
@@ -141,7 +143,7 @@ async def alongside(
 
 
 async def batch_phase(url: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> Phase:
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
     data = b"".join(orjson.dumps(r) + b"\n" for r in rows)
     samples: list[int] = []
     outcome: dict[str, Any] = {}
@@ -255,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
           f"policy {args.policy}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         config["batch"] = {"data_dir": tmp, "max_concurrency": args.max_concurrency}
+        # The Batch API's files belong to a key (the interactive loop goes without one).
+        config["api_keys"] = [{"name": "bench", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]
         proc, url = start_router(config, Path(tmp))
         try:
             batch = uvloop.run(batch_phase(url, rows, args))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -14,6 +15,37 @@ from openai.types import Batch
 from tests.router.harness import get
 
 MODEL = "deepseek-v4.1-flash"
+KEY = "k-batch-tests"
+"""The API key the Batch API tests call with (a key the router does not know gets 401)."""
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def keyed(doc: dict[str, Any], *keys: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with :data:`KEY` configured (by its digest: the config holds no secret), and
+    ``keys`` beside it."""
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    doc["api_keys"] = [{"name": "tests", "sha256": digest}, *keys]
+    return doc
+
+
+def paced(doc: dict[str, Any], ttft_slo: float) -> dict[str, Any]:
+    """``doc`` (backends vllm and deepinfer) under round-robin, with an adaptive policy whose
+    interactive TTFT SLO of ``ttft_slo`` s paces the batches (router.batch.pacing)."""
+    doc["policies"]["adaptive"] = {
+        "type": "adaptive",
+        "params": {
+            "low_ttft": ["vllm"],
+            "high_throughput": ["deepinfer"],
+            "slo": {"interactive": {"ttft_s": ttft_slo, "tpot_s": 600.0}},
+        },
+    }
+    doc["default_policy"] = "round-robin"
+    return doc
+
+
+def batch_client(url: str, key: str = KEY, **options: Any) -> openai.OpenAI:
+    """The official client on ``url`` with ``key``, without retries."""
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, **options)
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:

@@ -151,3 +151,17 @@ def run_replay(*args: str, timeout: float = 120.0) -> subprocess.CompletedProces
         timeout=timeout,
         check=False,
     )
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak RSS (the kernel's ``VmHWM``) since it started or since
+    :func:`reset_peak_rss`, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for process {pid}")
+
+
+def reset_peak_rss(pid: int) -> None:
+    """Start the process's peak RSS afresh from its RSS now (``clear_refs``, Linux)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")

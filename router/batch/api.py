@@ -2,8 +2,11 @@
 
 Files and batches belong to the caller that created them (its API key's tenant id, or the
 anonymous caller when keys are optional): another caller gets 404 for them, as for ids that
-do not exist. Only ``purpose="batch"`` files can be uploaded; output and error files are the
-router's (``batch_output``). A batch is validated when created: it comes back
+do not exist. A body must arrive within ``limits.body_seconds``, as on every route.
+
+Only ``purpose="batch"`` files can be uploaded (router.batch.upload); output and error files
+are the router's (``batch_output``). Contents go to and from the store a chunk at a time
+(router.batch.content). A batch is validated when created, a chunk at a time: it comes back
 ``in_progress``, or ``failed`` with its ``errors`` (router.batch.validate).
 """
 
@@ -17,20 +20,24 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from aiohttp import BodyPartReader, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp import web
 
-from router.batch.executor import new_id
-from router.batch.store import BatchRow, BatchStore, FileRow
-from router.batch.validate import parse_input
+from router.batch import content
+from router.batch.content import FileGone
+from router.batch.store import BatchRow, BatchStore, FileRow, new_id
+from router.batch.upload import receive
+from router.batch.validate import Validator, load
 from router.config.model import BatchSettings
-from router.control.auth import Gate
 from router.proxy.handler import PATHS
+from router.proxy.state import RouterState
 from router.server.errors import RouterError, error_response
+from router.server.site import read_body
 
 WINDOW = re.compile(r"^([1-9][0-9]{0,5})([hms])$")
 _UNIT = {"h": 3600, "m": 60, "s": 1}
 MAX_METADATA = 16
+MAX_CREATE_BYTES = 64 * 1024
+"""A batch's create body (a few ids and at most 16 metadata strings of 512 characters)."""
 log = logging.getLogger("router")
 
 
@@ -110,12 +117,12 @@ class BatchApi:
         self,
         store: BatchStore,
         settings: BatchSettings,
-        gate: Callable[[], Gate],
+        state: RouterState,
         wake: Callable[[], None],
     ) -> None:
         self._store = store
         self._settings = settings
-        self._gate = gate
+        self._state = state
         self._wake = wake
 
     def add_routes(self, app: web.Application) -> None:
@@ -135,13 +142,16 @@ class BatchApi:
 
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
-                tenant = self._gate().identify(request.headers)
+                tenant = self._state.gate.identify(request.headers)
                 response: web.StreamResponse = await fn(
                     request, tenant.capture_id if tenant is not None else ""
                 )
                 return response
             except RouterError as exc:
-                return error_response(exc)
+                refusal = error_response(exc)
+                if exc.status == 408:  # the body never came: no waiting for the rest of it
+                    refusal.force_close()
+                return refusal
             except Exception:  # the store failed: say so in OpenAI's shape, log the why
                 log.exception("batch API %s %s failed", request.method, request.path)
                 return error_response(RouterError(500, "internal router error", code="internal"))
@@ -151,48 +161,8 @@ class BatchApi:
     # files
 
     async def upload(self, request: web.Request, owner: str) -> web.Response:
-        if not request.content_type.startswith("multipart/"):
-            raise RouterError(415, "upload a file as multipart/form-data", code="invalid_request")
-        purpose: str | None = None
-        filename, content = "", b""
-        got_file = False
-        try:
-            async for part in await request.multipart():
-                if not isinstance(part, BodyPartReader):
-                    continue
-                if part.name == "purpose":
-                    purpose = (await self._read_part(part, 64)).decode("utf-8", "replace")
-                elif part.name == "file":
-                    filename = part.filename or "upload.jsonl"
-                    content = await self._read_part(part, self._settings.max_file_bytes)
-                    got_file = True
-        except (ValueError, AssertionError, HttpProcessingError):  # aiohttp's parse errors
-            raise RouterError(
-                400, "malformed multipart/form-data body", code="invalid_request"
-            ) from None
-        if not got_file:
-            raise RouterError(400, "the form has no file field", "file")
-        if purpose != "batch":
-            raise RouterError(
-                400, "purpose must be 'batch' (the only one this router keeps)", "purpose"
-            )
-        row = FileRow(
-            new_id("file-"), owner, "batch", filename[:255], len(content), int(time.time())
-        )
-        await self._store.put_file(row, content)
-        return _json(file_object(row))
-
-    async def _read_part(self, part: BodyPartReader, limit: int) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := await part.read_chunk(1 << 16):
-            size += len(chunk)
-            if size > limit:
-                raise RouterError(
-                    413, f"{part.name} is limited to {limit} bytes", part.name, "too_large"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        limit, limits = self._settings.max_file_bytes, self._state.config.limits
+        return _json(file_object(await receive(request, self._store, owner, limit, limits)))
 
     async def list_files(self, request: web.Request, owner: str) -> web.Response:
         limit = _limit(request, 10000, 10000)
@@ -219,17 +189,32 @@ class BatchApi:
             raise RouterError(404, "no such file", "file_id", "not_found")
         return _json({"id": file_id, "object": "file", "deleted": True})
 
-    async def content(self, request: web.Request, owner: str) -> web.Response:
-        data = await self._store.file_content(owner, request.match_info["id"])
-        if data is None:
-            raise RouterError(404, "no such file", "file_id", "not_found")
-        return web.Response(body=data, content_type="application/jsonl")
+    async def content(self, request: web.Request, owner: str) -> web.StreamResponse:
+        """The file a chunk at a time: each is written once the client has taken the last
+        (aiohttp's write waits for the socket), so a slow reader holds one chunk, and one
+        that reads nothing is cut after ``limits.write_timeout``."""
+        row = await self._file(request, owner)
+        response = web.StreamResponse(headers={"Content-Type": "application/jsonl"})
+        response.content_length = row.bytes
+        await response.prepare(request)
+        try:
+            async for piece in content.read(self._store, row.id, row.bytes):
+                await response.write(piece)
+            await response.write_eof()
+        except ConnectionError:  # the client went away
+            pass
+        except Exception as exc:  # the head is out: the connection goes, the answer short
+            if not isinstance(exc, FileGone):  # (a file deleted meanwhile is no fault)
+                log.exception("batch API download of %s failed", row.id)
+            response.force_close()
+        return response
 
     # batches
 
     async def create(self, request: web.Request, owner: str) -> web.Response:
+        body = await read_body(request, MAX_CREATE_BYTES, self._state.config.limits)
         try:
-            doc = orjson.loads(await request.read())
+            doc = orjson.loads(body)
         except orjson.JSONDecodeError:
             raise RouterError(400, "the body is not valid JSON") from None
         if not isinstance(doc, dict):
@@ -253,30 +238,40 @@ class BatchApi:
         source = await self._store.file(owner, file_id) if isinstance(file_id, str) else None
         if source is None or source.purpose != "batch":
             raise RouterError(404, "no such batch input file", "input_file_id", "not_found")
-        content = await self._store.file_content(owner, source.id) or b""
-        lines, problems = await asyncio.to_thread(
-            parse_input, content, endpoint, self._settings.max_lines
-        )
         now = int(time.time())
-        expires = now + int(match.group(1)) * _UNIT[match.group(2)]
         row = BatchRow(
             id=new_id("batch_"),
             owner=owner,
             endpoint=endpoint,
             input_file_id=source.id,
             completion_window=window,
-            status="failed" if problems else "in_progress",
+            status="validating",
             created_at=now,
-            expires_at=expires,
-            in_progress_at=None if problems else now,
-            failed_at=now if problems else None,
-            errors=orjson.dumps([p.to_dict() for p in problems]) if problems else None,
+            expires_at=now + int(match.group(1)) * _UNIT[match.group(2)],
             metadata=None if metadata is None else orjson.dumps(metadata),
-            total=len(lines) if not problems else 0,
         )
-        await self._store.create_batch(row, [] if problems else lines)
+        await self._store.create_batch(row)
+        return _json(batch_object(await self._validate(row, source)))
+
+    async def _validate(self, row: BatchRow, source: FileRow) -> BatchRow:
+        """The batch once its input is checked and its lines stored (or it failed)."""
+        max_line = self._state.config.listen.max_body_bytes
+        validator = Validator(row.endpoint, self._settings.max_lines, max_line)
+        try:
+            total = await load(self._store, source, row.id, validator)
+        except FileGone:
+            await self._store.drop_batch(row.id)
+            raise RouterError(
+                404, "the batch input file was deleted", "input_file_id", "not_found"
+            ) from None
+        except BaseException:  # the client went away (or the store failed): nobody has it
+            await asyncio.shield(self._store.drop_batch(row.id))
+            raise
+        problems = validator.errors
+        errors = orjson.dumps([p.to_dict() for p in problems]) if problems else None
+        ended = await self._store.end_validation(row.id, total, errors, int(time.time()))
         self._wake()
-        return _json(batch_object(row))
+        return ended if ended is not None else row
 
     async def list_batches(self, request: web.Request, owner: str) -> web.Response:
         limit = _limit(request, 20, 100)

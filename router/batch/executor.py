@@ -13,8 +13,9 @@ looks at the batches some router still has work on and, in creation order:
 A line that the router turned away (429, 503: the batch pool is full, or the tenant is over
 its own limits) is given back and taken again after a pause, until the window ends; one whose
 engine failed (other 5xx) is tried up to ``max_attempts`` times; any other answer is final:
-2xx to the output file, the rest to the error file, in OpenAI's line shape. Leases are
-renewed while lines run, so only a dead router's lines are taken over by another.
+2xx to the output file, the rest to the error file, in OpenAI's line shape (the files are
+written by router.batch.finalize, beside the turns). Leases are renewed while lines run, so
+only a dead router's lines are taken over by another.
 
 A 429 holds back the lines of that tenant's batches only, for the pause it asked: a tenant
 over its own quota slows nobody else. The pacing window shrinks for what the service fails
@@ -35,10 +36,11 @@ from collections.abc import Mapping
 import aiohttp
 import orjson
 
+from router.batch.finalize import error_line, finalize
 from router.batch.lines import OWNER_HEADER, TOKEN_HEADER, LineSite
 from router.batch.metrics import BatchMetrics
 from router.batch.pacing import Pacer
-from router.batch.store import BatchRow, BatchStatus, BatchStore, FileRow, Finished, Line
+from router.batch.store import BatchRow, BatchStatus, BatchStore, Finished, Line, new_id
 from router.config.model import BatchSettings
 from router.server.ids import usable_id
 
@@ -50,14 +52,14 @@ LAG_PROBE = 0.05
 """Seconds between two looks at how late the event loop runs a timer."""
 RETRY_PAUSE = 1.0
 """Seconds before a line turned away is taken again (doubling per try, at most 30 s)."""
+SWEEP_EVERY = 300.0
+"""Seconds between two sweeps of what dead writers left in the store."""
+STALE = 3600.0
+"""Seconds after which a file still being written, or a batch still validating, counts as
+left by a writer that died (an upload takes at most ``limits.body_seconds``)."""
 _RETRY_ALWAYS = frozenset({429, 503})
 _INTERNAL = "The router failed to run this line."
-_EXPIRED = "This line was not run before the batch's completion window ended."
 log = logging.getLogger("router")
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex}"
 
 
 def request_id(batch_id: str, line: Line) -> str:
@@ -88,6 +90,7 @@ class Executor:
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         """This process's name on the leases it holds."""
         self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._finalizing: dict[str, asyncio.Task[None]] = {}
         self._held: dict[str, float] = {}
         """Tenant (owner id) -> ``time.monotonic()`` until which none of its lines start."""
         self._wake = asyncio.Event()
@@ -115,7 +118,7 @@ class Executor:
                 background.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await background
-        tasks = list(self._running.values())
+        tasks = [*self._running.values(), *self._finalizing.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -134,6 +137,7 @@ class Executor:
 
     async def _loop(self) -> None:
         renewed = time.monotonic()
+        swept = renewed - SWEEP_EVERY
         failures = 0
         while True:
             pause = TICK
@@ -142,6 +146,9 @@ class Executor:
                 if self._running and time.monotonic() - renewed > self._settings.lease_seconds / 3:
                     renewed = time.monotonic()
                     await self._store.renew(self.worker, time.time() + self._settings.lease_seconds)
+                if time.monotonic() - swept > SWEEP_EVERY:
+                    swept = time.monotonic()
+                    await self._store.sweep(time.time() - STALE)
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -164,15 +171,17 @@ class Executor:
         self._metrics.update_rate()
         wanting = False
         for batch in batches:
+            if batch.id in self._finalizing:
+                continue
             if batch.status == "finalizing":
-                await self._finalize(batch, "completed")
+                self._finalize(batch, "completed")
             elif batch.status == "cancelling" or now >= batch.expires_at:
                 if not self._runs(batch.id) and not await self._store.live_leases(batch.id, now):
-                    await self._finalize(
+                    self._finalize(
                         batch, "cancelled" if batch.status == "cancelling" else "expired"
                     )
             elif batch.completed + batch.failed >= batch.total:
-                await self._finalize(batch, "completed")
+                self._finalize(batch, "completed")
             else:
                 wanting |= await self._take(batch, now)
         self._pacer.adjust(wanting)
@@ -223,7 +232,7 @@ class Executor:
             raise
         except Exception:  # answered as failed, else the same bug would take it again forever
             log.exception("batch %s line %d failed inside the router", batch.id, line.idx)
-            failed = Finished(False, _error_line(line.custom_id, "internal", _INTERNAL))
+            failed = Finished(False, error_line(line.custom_id, "internal", _INTERNAL))
             with contextlib.suppress(Exception):
                 if await self._store.finish_line(line, self.worker, failed, time.time()):
                     self._metrics.line(False, 0, 0)
@@ -259,43 +268,22 @@ class Executor:
         except (aiohttp.ClientError, OSError):
             return None, None, b"", None
 
-    async def _finalize(self, batch: BatchRow, status: BatchStatus) -> None:
-        """Write the batch's output and error files and set its final status."""
-        now = time.time()
-        showing: BatchStatus = "finalizing" if status == "completed" else batch.status  # type: ignore[assignment]
-        if not await self._store.begin_finalize(
-            batch.id, now, now + self._settings.lease_seconds, showing
-        ):
-            return
-        output: list[bytes] = []
-        errors: list[bytes] = []
-        expired = 0
-        for r in await self._store.line_results(batch.id):
-            if r.result is not None:
-                (output if r.state == "done" else errors).append(r.result)
-            elif status == "expired":
-                expired += 1
-                errors.append(_error_line(r.custom_id, "batch_expired", _EXPIRED))
-        if expired:
-            self._metrics.expired(expired)
-        files: list[tuple[FileRow, bytes]] = []
-        ids: dict[str, str | None] = {"output": None, "error": None}
-        for kind, lines in (("output", output), ("error", errors)):
-            if lines:
-                content = b"\n".join(lines) + b"\n"
-                row = FileRow(
-                    new_id("file-"),
-                    batch.owner,
-                    "batch_output",
-                    f"{batch.id}_{kind}.jsonl",
-                    len(content),
-                    int(now),
-                )
-                files.append((row, content))
-                ids[kind] = row.id
-        await self._store.finish_batch(
-            batch.id, status, int(time.time()), files, ids["output"], ids["error"], expired
+    def _finalize(self, batch: BatchRow, status: BatchStatus) -> None:
+        """Finalize the batch beside the turns (its files may take a while to write)."""
+        task = asyncio.create_task(
+            finalize(self._store, batch, status, self._settings.lease_seconds, self._metrics),
+            name="batch-finalize",
         )
+        self._finalizing[batch.id] = task
+
+        def done(task: asyncio.Task[None]) -> None:
+            del self._finalizing[batch.id]
+            if not task.cancelled() and task.exception() is not None:
+                # The store is away: another turn tries once the right to finalize lapses.
+                log.error("batch %s failed to finalize", batch.id, exc_info=task.exception())
+            self._wake.set()
+
+        task.add_done_callback(done)
 
 
 def _seconds(headers: Mapping[str, str]) -> float | None:
@@ -328,11 +316,3 @@ def _finished(line: Line, status: int, request_id: str | None, body: bytes) -> F
 
 def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _error_line(custom_id: str, code: str, message: str) -> bytes:
-    """An error-file line for a line without an answer."""
-    error = {"code": code, "message": message}
-    return orjson.dumps(
-        {"id": new_id("batch_req_"), "custom_id": custom_id, "response": None, "error": error}
-    )

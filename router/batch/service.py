@@ -72,7 +72,7 @@ class BatchService:
         self.executor = Executor(
             self._store, self._site, self.pacer, BatchMetrics(state.metrics.registry), settings
         )
-        self._api = BatchApi(self._store, settings, lambda: state.gate, self.executor.wake)
+        self._api = BatchApi(self._store, settings, state, self.executor.wake)
 
     def install(self, app: web.Application) -> None:
         """Add the routes, and the store and executor to the app's start and cleanup."""

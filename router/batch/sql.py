@@ -1,25 +1,22 @@
 """The :class:`~router.batch.store.BatchStore` over SQL: SQLite or PostgreSQL, one text.
 
-Both drivers are DB-API 2 (the standard library's ``sqlite3``; psycopg 3 for PostgreSQL), so
-one set of statements serves both: they differ in the placeholder, the binary column type and
+The statements run on router.batch.db's connection; SQLite and PostgreSQL differ here only in
 how lines are locked while being taken (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so replicas
 taking lines at once skip each other's rows; SQLite's ``BEGIN IMMEDIATE`` serializes writers
-of one file). Every call runs on one dedicated thread, so the event loop never waits on the
-database and the connection is used by one thread at a time.
+of one file). A file's content is kept in chunks of at most
+:data:`~router.batch.db.CHUNK_BYTES` beside its row, written before the row exists and read
+one at a time, so no call holds a whole file; a writer that died leaves chunks without a row,
+which :meth:`SqlStore.sweep` removes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, fields
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from router.batch.db import Database
 from router.batch.store import (
     BatchRow,
     BatchStatus,
@@ -30,155 +27,34 @@ from router.batch.store import (
     NewLine,
 )
 
-T = TypeVar("T")
 _BATCH_COLUMNS = ", ".join(f.name for f in fields(BatchRow))
 _FILE_COLUMNS = ", ".join(f.name for f in fields(FileRow))
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS batch_files (
-  id TEXT PRIMARY KEY, owner TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
-  bytes BIGINT NOT NULL, created_at BIGINT NOT NULL, seq BIGINT NOT NULL, content {blob}
-);
-CREATE INDEX IF NOT EXISTS batch_files_owner ON batch_files (owner, seq);
-CREATE TABLE IF NOT EXISTS batches (
-  id TEXT PRIMARY KEY, owner TEXT NOT NULL, endpoint TEXT NOT NULL,
-  input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL, status TEXT NOT NULL,
-  created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, in_progress_at BIGINT,
-  finalizing_at BIGINT, completed_at BIGINT, failed_at BIGINT, expired_at BIGINT,
-  cancelling_at BIGINT, cancelled_at BIGINT, output_file_id TEXT, error_file_id TEXT,
-  errors {blob}, metadata {blob}, total BIGINT NOT NULL, completed BIGINT NOT NULL,
-  failed BIGINT NOT NULL, prompt_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL,
-  seq BIGINT NOT NULL, finalize_until DOUBLE PRECISION NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS batches_owner ON batches (owner, seq);
-CREATE INDEX IF NOT EXISTS batches_status ON batches (status);
-CREATE TABLE IF NOT EXISTS batch_lines (
-  batch_id TEXT NOT NULL, idx BIGINT NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL,
-  body {blob} NOT NULL, state TEXT NOT NULL, owner TEXT,
-  lease_until DOUBLE PRECISION NOT NULL DEFAULT 0, attempts BIGINT NOT NULL DEFAULT 0,
-  result {blob}, PRIMARY KEY (batch_id, idx)
-);
-CREATE INDEX IF NOT EXISTS batch_lines_open ON batch_lines (batch_id, state, lease_until);
-CREATE INDEX IF NOT EXISTS batch_lines_owner ON batch_lines (owner);
-"""
+_INSERT_FILE = f"INSERT INTO batch_files ({_FILE_COLUMNS}, seq) VALUES (?, ?, ?, ?, ?, ?, ?)"
 _ACTIVE = ("in_progress", "cancelling", "finalizing")
+_PAGE_ROWS = 1000
+"""Lines whose sizes one page of :meth:`SqlStore.line_results` looks at, at most."""
 
 
-def _wal(conn: sqlite3.Connection) -> None:
-    """Switch ``conn``'s file to WAL. That takes an exclusive lock, and two connections that
-    both hold a shared one (replicas opening a new file together) deadlock: SQLite then fails
-    one at once rather than wait, so it is retried here, for up to about 10 s."""
-    for attempt in range(200):
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == 199:
-                raise
-            time.sleep(0.05)
-
-
-class SqlStore:
+class SqlStore(Database):
     """A :class:`~router.batch.store.BatchStore` over a SQLite file or a PostgreSQL URL."""
-
-    def __init__(self, url: str) -> None:
-        """``url``: ``sqlite:///PATH`` or ``postgresql://...`` (libpq's URL and variables)."""
-        self._url = url
-        self._pg = url.startswith(("postgresql://", "postgres://"))
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="batch-store")
-        self._conn: Any = None
-        self._seq = 0
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
-
-    def _sql(self, text: str) -> str:
-        return text.replace("?", "%s") if self._pg else text
-
-    @contextmanager
-    def _tx(self) -> Iterator[Any]:
-        """A write transaction and its cursor; committed on success, else rolled back."""
-        conn = self._conn
-        if self._pg and (conn.closed or conn.broken):
-            # The server restarted or the network dropped: the call that found out failed,
-            # this one reconnects (an unfinished line's lease simply runs out).
-            conn = self._conn = _pg_connect(self._url)
-        if self._pg:
-            with conn.transaction(), conn.cursor() as cur:
-                yield cur
-            return
-        cur = conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")  # writers of one file take turns; no upgrade deadlock
-        try:
-            yield cur
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
-
-    def _query(self, text: str, args: Sequence[object] = ()) -> list[tuple[Any, ...]]:
-        with self._tx() as cur:
-            cur.execute(self._sql(text), tuple(args))
-            return list(cur.fetchall())
-
-    def _exec(self, text: str, args: Sequence[object] = ()) -> int:
-        with self._tx() as cur:
-            cur.execute(self._sql(text), tuple(args))
-            return int(cur.rowcount)
-
-    async def open(self) -> None:
-        def connect() -> None:
-            if self._pg:
-                self._conn = _pg_connect(self._url)
-                blob = "BYTEA"
-            else:
-                path = Path(self._url.removeprefix("sqlite:///"))
-                path.parent.mkdir(parents=True, exist_ok=True)
-                # isolation_level=None: the transactions are the explicit ones of _tx.
-                conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-                _wal(conn)
-                # NORMAL under WAL: a killed process loses nothing committed (only power loss
-                # can take the last transactions), at a fraction of FULL's fsyncs.
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA busy_timeout=10000")
-                self._conn = conn
-                blob = "BLOB"
-            with self._tx() as cur:
-                if self._pg:  # replicas starting together: one creates, the others wait
-                    cur.execute("SELECT pg_advisory_xact_lock(8244681726)")
-                for statement in _SCHEMA.format(blob=blob).split(";"):
-                    if statement.strip():
-                        cur.execute(statement)
-                cur.execute("SELECT COALESCE(MAX(seq), 0) FROM batches")
-                self._seq = int(cur.fetchone()[0])
-
-        await self._run(connect)
-
-    async def close(self) -> None:
-        def close() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        await self._run(close)
-        self._thread.shutdown(wait=False)
-
-    def _next_seq(self) -> int:
-        """An ordering key: nanoseconds, so replicas' rows interleave by creation time."""
-        self._seq = max(self._seq + 1, time.time_ns())
-        return self._seq
 
     # files
 
-    async def put_file(self, row: FileRow, content: bytes) -> None:
-        def put() -> None:
-            self._exec(
-                f"INSERT INTO batch_files ({_FILE_COLUMNS}, seq, content) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (*astuple(row), self._next_seq(), content),
-            )
+    async def put_chunk(self, file_id: str, n: int, data: bytes) -> None:
+        text = "INSERT INTO batch_file_chunks (file_id, n, written_at, data) VALUES (?, ?, ?, ?)"
+        await self._run(lambda: self._exec(text, (file_id, n, time.time(), data)))
 
-        await self._run(put)
+    async def chunk(self, file_id: str, n: int) -> bytes | None:
+        text = "SELECT data FROM batch_file_chunks WHERE file_id = ? AND n = ?"
+        rows = await self._run(lambda: self._query(text, (file_id, n)))
+        return bytes(rows[0][0]) if rows else None
+
+    async def drop_chunks(self, file_id: str) -> None:
+        text = "DELETE FROM batch_file_chunks WHERE file_id = ?"
+        await self._run(lambda: self._exec(text, (file_id,)))
+
+    async def put_file(self, row: FileRow) -> None:
+        await self._run(lambda: self._exec(_INSERT_FILE, (*astuple(row), self._next_seq())))
 
     async def file(self, owner: str, file_id: str) -> FileRow | None:
         rows = await self._run(
@@ -204,40 +80,79 @@ class SqlStore:
         rows = await self._run(lambda: self._query(text, (*args, limit + 1)))
         return [FileRow(*r) for r in rows]
 
-    async def file_content(self, owner: str, file_id: str) -> bytes | None:
-        rows = await self._run(
-            lambda: self._query(
-                "SELECT content FROM batch_files WHERE id = ? AND owner = ?", (file_id, owner)
-            )
-        )
-        return bytes(rows[0][0]) if rows else None
-
     async def delete_file(self, owner: str, file_id: str) -> bool:
-        text = "DELETE FROM batch_files WHERE id = ? AND owner = ?"
-        return await self._run(lambda: self._exec(text, (file_id, owner))) > 0
+        def delete() -> bool:
+            with self._tx() as cur:
+                cur.execute(
+                    self._sql("DELETE FROM batch_files WHERE id = ? AND owner = ?"),
+                    (file_id, owner),
+                )
+                if cur.rowcount != 1:
+                    return False
+                cur.execute(
+                    self._sql("DELETE FROM batch_file_chunks WHERE file_id = ?"), (file_id,)
+                )
+                return True
+
+        return await self._run(delete)
 
     # batches
 
-    async def create_batch(self, row: BatchRow, lines: Sequence[NewLine]) -> None:
+    async def create_batch(self, row: BatchRow) -> None:
         marks = ", ".join("?" * len(fields(BatchRow)))
+        text = f"INSERT INTO batches ({_BATCH_COLUMNS}, seq) VALUES ({marks}, ?)"
+        await self._run(lambda: self._exec(text, (*astuple(row), self._next_seq())))
 
-        def create() -> None:
+    async def add_lines(self, batch_id: str, first: int, lines: Sequence[NewLine]) -> None:
+        rows = [(batch_id, first + i, n.custom_id, n.url, n.body) for i, n in enumerate(lines)]
+
+        def add() -> None:
             with self._tx() as cur:
-                cur.execute(
-                    self._sql(f"INSERT INTO batches ({_BATCH_COLUMNS}, seq) VALUES ({marks}, ?)"),
-                    (*astuple(row), self._next_seq()),
-                )
-                if not lines:
-                    return
                 cur.executemany(
                     self._sql(
                         "INSERT INTO batch_lines (batch_id, idx, custom_id, url, body, state) "
                         "VALUES (?, ?, ?, ?, ?, 'open')"
                     ),
-                    [(row.id, i, n.custom_id, n.url, n.body) for i, n in enumerate(lines)],
+                    rows,
                 )
 
-        await self._run(create)
+        await self._run(add)
+
+    async def end_validation(
+        self, batch_id: str, total: int, errors: bytes | None, now: int
+    ) -> BatchRow | None:
+        def end() -> BatchRow | None:
+            with self._tx() as cur:
+                if errors is None:
+                    cur.execute(
+                        self._sql(
+                            "UPDATE batches SET status = 'in_progress', in_progress_at = ?, "
+                            "total = ? WHERE id = ? AND status = 'validating'"
+                        ),
+                        (now, total, batch_id),
+                    )
+                else:
+                    cur.execute(
+                        self._sql(
+                            "UPDATE batches SET status = 'failed', failed_at = ?, errors = ? "
+                            "WHERE id = ? AND status = 'validating'"
+                        ),
+                        (now, errors, batch_id),
+                    )
+                    cur.execute(
+                        self._sql("DELETE FROM batch_lines WHERE batch_id = ?"), (batch_id,)
+                    )
+            rows = self._batches("id = ?", (batch_id,))
+            return rows[0] if rows else None
+
+        return await self._run(end)
+
+    async def drop_batch(self, batch_id: str) -> None:
+        def drop() -> None:
+            with self._tx() as cur:
+                _drop_validating(cur, self._sql, "id = ?", (batch_id,))
+
+        await self._run(drop)
 
     def _batches(self, where: str, args: Sequence[object], tail: str = "") -> list[BatchRow]:
         text = f"SELECT {_BATCH_COLUMNS} FROM batches WHERE {where} {tail}"
@@ -276,6 +191,22 @@ class SqlStore:
         return await self._run(
             lambda: self._batches(f"status IN ({marks})", _ACTIVE, "ORDER BY seq ASC")
         )
+
+    async def sweep(self, before: float) -> None:
+        def sweep() -> None:
+            with self._tx() as cur:
+                # A write whose last chunk is that old (no row yet) has stopped for good.
+                cur.execute(
+                    self._sql(
+                        "DELETE FROM batch_file_chunks WHERE file_id IN (SELECT file_id "
+                        "FROM batch_file_chunks GROUP BY file_id HAVING MAX(written_at) < ?) "
+                        "AND file_id NOT IN (SELECT id FROM batch_files)"
+                    ),
+                    (before,),
+                )
+                _drop_validating(cur, self._sql, "created_at < ?", (int(before),))
+
+        await self._run(sweep)
 
     # lines
 
@@ -349,6 +280,8 @@ class SqlStore:
         rows = await self._run(lambda: self._query(text, (batch_id, now)))
         return int(rows[0][0])
 
+    # finalizing
+
     async def begin_finalize(
         self, batch_id: str, now: float, until: float, status: BatchStatus
     ) -> bool:
@@ -361,26 +294,59 @@ class SqlStore:
         args = (until, status, int(now), batch_id, now)
         return await self._run(lambda: self._exec(text, args)) == 1
 
-    async def line_results(self, batch_id: str) -> list[LineResult]:
+    async def extend_finalize(self, batch_id: str, until: float) -> None:
         text = (
-            "SELECT idx, custom_id, state, result FROM batch_lines WHERE batch_id = ? ORDER BY idx"
+            "UPDATE batches SET finalize_until = ? "
+            "WHERE id = ? AND status IN ('in_progress', 'cancelling', 'finalizing')"
         )
-        rows = await self._run(lambda: self._query(text, (batch_id,)))
-        return [LineResult(int(i), c, s, None if r is None else bytes(r)) for i, c, s, r in rows]
+        await self._run(lambda: self._exec(text, (until, batch_id)))
+
+    async def line_results(self, batch_id: str, start: int, max_bytes: int) -> list[LineResult]:
+        def page() -> list[LineResult]:
+            with self._tx() as cur:
+                # The sizes first (no content read), to take as many lines as fit.
+                cur.execute(
+                    self._sql(
+                        "SELECT idx, COALESCE(LENGTH(result), LENGTH(custom_id)) "
+                        "FROM batch_lines WHERE batch_id = ? AND idx >= ? ORDER BY idx LIMIT ?"
+                    ),
+                    (batch_id, start, _PAGE_ROWS),
+                )
+                sizes = cur.fetchall()
+                if not sizes:
+                    return []
+                total, last = 0, int(sizes[0][0])
+                for idx, size in sizes:
+                    if total and total + int(size) > max_bytes:
+                        break
+                    total, last = total + int(size), int(idx)
+                cur.execute(
+                    self._sql(
+                        "SELECT idx, custom_id, state, result FROM batch_lines "
+                        "WHERE batch_id = ? AND idx >= ? AND idx <= ? ORDER BY idx"
+                    ),
+                    (batch_id, start, last),
+                )
+                return [
+                    LineResult(int(i), c, s, None if r is None else bytes(r))
+                    for i, c, s, r in cur.fetchall()
+                ]
+
+        return await self._run(page)
 
     async def finish_batch(
         self,
         batch_id: str,
         status: BatchStatus,
         now: int,
-        files: Sequence[tuple[FileRow, bytes]],
+        files: Sequence[FileRow],
         output_file_id: str | None,
         error_file_id: str | None,
         expired: int,
-    ) -> None:
+    ) -> bool:
         stamp = {"completed": "completed_at", "expired": "expired_at"}.get(status, "cancelled_at")
 
-        def finish() -> None:
+        def finish() -> bool:
             with self._tx() as cur:
                 cur.execute(
                     self._sql(
@@ -391,23 +357,22 @@ class SqlStore:
                     (status, now, output_file_id, error_file_id, expired, batch_id),
                 )
                 if cur.rowcount != 1:  # another router finished it meanwhile
-                    return
-                for row, content in files:
-                    cur.execute(
-                        self._sql(
-                            f"INSERT INTO batch_files ({_FILE_COLUMNS}, seq, content) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                        ),
-                        (*astuple(row), self._next_seq(), content),
-                    )
+                    return False
+                for row in files:
+                    cur.execute(self._sql(_INSERT_FILE), (*astuple(row), self._next_seq()))
+                return True
 
-        await self._run(finish)
+        return await self._run(finish)
 
 
-def _pg_connect(url: str) -> Any:
-    import psycopg  # only a PostgreSQL store needs the driver
-
-    return psycopg.connect(url, autocommit=True)
+def _drop_validating(
+    cur: Any, sql: Callable[[str], str], where: str, args: Sequence[object]
+) -> None:
+    """Delete the batches still ``validating`` that ``where`` selects, with their lines."""
+    condition = f"status = 'validating' AND {where}"
+    batches = f"SELECT id FROM batches WHERE {condition}"
+    cur.execute(sql(f"DELETE FROM batch_lines WHERE batch_id IN ({batches})"), tuple(args))
+    cur.execute(sql(f"DELETE FROM batches WHERE {condition}"), tuple(args))
 
 
 def _batch_row(r: tuple[Any, ...]) -> BatchRow:

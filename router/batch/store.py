@@ -9,6 +9,7 @@ even when a replica dies mid-line and another takes its lines over.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -27,9 +28,14 @@ TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancell
 LineState = Literal["open", "done", "failed"]
 
 
+def new_id(prefix: str) -> str:
+    """A fresh id for a file, batch or output line."""
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
 @dataclass(frozen=True, slots=True)
 class FileRow:
-    """A stored file (its content is kept beside it)."""
+    """A stored file (its content is kept beside it, in chunks)."""
 
     id: str
     owner: str
@@ -116,14 +122,27 @@ class Finished:
 
 
 class BatchStore(Protocol):
-    """The Batch API's durable state. Every method is one transaction."""
+    """The Batch API's durable state. Every method is one transaction.
+
+    A file's content is a sequence of chunks (``n`` from 0), written before its row: a file
+    is there once its row is; chunks without one are an unfinished or abandoned write.
+    """
 
     async def open(self) -> None:
         """Connect and create the tables if missing."""
 
     async def close(self) -> None: ...
 
-    async def put_file(self, row: FileRow, content: bytes) -> None: ...
+    async def put_chunk(self, file_id: str, n: int, data: bytes) -> None: ...
+
+    async def chunk(self, file_id: str, n: int) -> bytes | None:
+        """Chunk ``n`` of the file's content; None past its end (or for a deleted file)."""
+
+    async def drop_chunks(self, file_id: str) -> None:
+        """Delete the chunks of a write given up."""
+
+    async def put_file(self, row: FileRow) -> None:
+        """The file's row, once its chunks are written."""
 
     async def file(self, owner: str, file_id: str) -> FileRow | None: ...
 
@@ -132,12 +151,24 @@ class BatchStore(Protocol):
     ) -> list[FileRow]:
         """A page of the owner's files (``limit`` + 1 rows tell there are more)."""
 
-    async def file_content(self, owner: str, file_id: str) -> bytes | None: ...
+    async def delete_file(self, owner: str, file_id: str) -> bool:
+        """Delete the owner's file, row and content; False: it has no such file."""
 
-    async def delete_file(self, owner: str, file_id: str) -> bool: ...
+    async def create_batch(self, row: BatchRow) -> None:
+        """Insert the batch (``validating`` while its lines are added)."""
 
-    async def create_batch(self, row: BatchRow, lines: Sequence[NewLine]) -> None:
-        """Insert the batch and its lines at once."""
+    async def add_lines(self, batch_id: str, first: int, lines: Sequence[NewLine]) -> None:
+        """Lines of a validating batch, numbered from ``first``."""
+
+    async def end_validation(
+        self, batch_id: str, total: int, errors: bytes | None, now: int
+    ) -> BatchRow | None:
+        """A validating batch now ``in_progress`` with ``total`` lines, or ``failed`` with
+        ``errors`` (its lines deleted); the batch as it now is (it may have been cancelled
+        meanwhile)."""
+
+    async def drop_batch(self, batch_id: str) -> None:
+        """Delete a batch still validating, and its lines (its creation was given up)."""
 
     async def batch(self, owner: str | None, batch_id: str) -> BatchRow | None:
         """The batch (any owner's when ``owner`` is None: the executor's view)."""
@@ -150,6 +181,10 @@ class BatchStore(Protocol):
 
     async def active(self) -> list[BatchRow]:
         """Batches some router still has work on (running, cancelling, finalizing)."""
+
+    async def sweep(self, before: float) -> None:
+        """Remove what writers that died left behind them before ``before`` (a Unix time):
+        chunks of files without a row, batches still validating and their lines."""
 
     async def claim(
         self, batch_id: str, worker: str, n: int, now: float, lease_until: float
@@ -173,18 +208,22 @@ class BatchStore(Protocol):
     ) -> bool:
         """Take the right to finalize the batch until ``until``; ``status`` shows meanwhile."""
 
-    async def line_results(self, batch_id: str) -> list[LineResult]:
-        """Every line of the batch in input order."""
+    async def extend_finalize(self, batch_id: str, until: float) -> None:
+        """Keep the right to finalize the batch until ``until`` (a long finalization)."""
+
+    async def line_results(self, batch_id: str, start: int, max_bytes: int) -> list[LineResult]:
+        """The batch's lines from index ``start`` on, in input order, as many as fit in
+        about ``max_bytes`` (at least one); empty past the last."""
 
     async def finish_batch(
         self,
         batch_id: str,
         status: BatchStatus,
         now: int,
-        files: Sequence[tuple[FileRow, bytes]],
+        files: Sequence[FileRow],
         output_file_id: str | None,
         error_file_id: str | None,
         expired: int,
-    ) -> None:
-        """Store the result files and set the terminal status; ``expired`` lines count as
-        failed."""
+    ) -> bool:
+        """Add the result files' rows (their chunks written) and set the terminal status;
+        ``expired`` lines count as failed. False: another router finished it first."""

@@ -3,18 +3,28 @@
 A line is ``{"custom_id": ..., "method": "POST", "url": <the batch's endpoint>, "body": {...}}``.
 Any bad line fails the whole batch (as OpenAI's does) with every problem found, each naming
 its line; the errors listed are capped so that a file of garbage cannot fill the database.
+
+The file is read a chunk at a time (:func:`load`) and its lines are stored as they pass, in
+groups, so memory holds one chunk, one group and the line being cut, which is bounded too:
+a line longer than the router's body limit could never be sent, and is a problem of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from dataclasses import dataclass
 
 import orjson
 
-from router.batch.store import NewLine
+from router.batch import content
+from router.batch.db import CHUNK_BYTES
+from router.batch.store import BatchStore, FileRow, NewLine
 
 MAX_REPORTED = 100
 """Validation errors kept for one batch (the rest are counted in the last one's message)."""
+GROUP_LINES = 1000
+"""Lines stored in one transaction at most (also at most about a chunk of bodies)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,41 +40,131 @@ class LineError:
         return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
 
 
-def parse_input(
-    content: bytes, endpoint: str, max_lines: int
-) -> tuple[list[NewLine], list[LineError]]:
-    """The file's lines for a batch to ``endpoint``, or the errors that fail it."""
-    lines: list[NewLine] = []
-    errors: list[LineError] = []
-    seen: set[str] = set()
-    number = 0
-    for number, raw in enumerate(content.split(b"\n"), start=1):
+class Validator:
+    """Cuts a file given piece by piece into lines and checks each (pure; no I/O)."""
+
+    def __init__(self, endpoint: str, max_lines: int, max_line_bytes: int) -> None:
+        self._endpoint = endpoint
+        self._max_lines = max_lines
+        self._max_line = max_line_bytes
+        self._tail = bytearray()
+        self._too_long = False
+        """The line being cut is past the limit: its bytes are dropped until its end."""
+        self._number = 0
+        self._seen: set[bytes] = set()
+        """Digests of the custom_ids so far: a fixed size each, however long the ids are."""
+        self.count = 0
+        """Good lines so far."""
+        self.errors: list[LineError] = []
+        self._more = 0
+        """Errors found past :data:`MAX_REPORTED`."""
+        self.full = False
+        """More than ``max_lines``: the rest of the file needs no reading."""
+
+    def feed(self, data: bytes) -> list[NewLine]:
+        """The good lines completed by ``data``."""
+        out: list[NewLine] = []
+        start = 0
+        while not self.full and (end := data.find(b"\n", start)) != -1:
+            if self._too_long:
+                self._too_long = False
+            elif self._tail:
+                self._tail += data[start:end]
+                self._check(bytes(self._tail), out)
+            else:
+                self._check(data[start:end], out)
+            self._tail.clear()
+            start = end + 1
+        if not self.full and not self._too_long and start < len(data):
+            self._tail += data[start:]
+            if len(self._tail) > self._max_line:
+                self._number += 1  # the line is counted now, its end is dropped
+                self._problem(("line_too_large", self._too_large, None), self._number)
+                self._tail.clear()
+                self._too_long = True
+        return out
+
+    def finish(self) -> list[NewLine]:
+        """The last line (one without a newline); then :attr:`errors` are complete."""
+        out: list[NewLine] = []
+        if self._tail and not self._too_long and not self.full:
+            self._check(bytes(self._tail), out)
+        self._tail.clear()
+        if not self.count and not self.errors and not self.full:
+            self._problem(("empty_file", "the input file holds no request lines", None), None)
+        if self._more:
+            last = self.errors[-1]
+            message = f"{last.message} (and {self._more} more errors)"
+            self.errors[-1] = LineError(last.code, message, last.line, last.param)
+        return out
+
+    @property
+    def _too_large(self) -> str:
+        return f"a line is at most {self._max_line} bytes (the router's body limit)"
+
+    def _check(self, raw: bytes, out: list[NewLine]) -> None:
+        self._number += 1
         if not raw.strip():
-            continue
-        if len(lines) >= max_lines:
-            errors.append(LineError("too_many_lines", f"a batch holds at most {max_lines} lines"))
-            break
-        line, problem = _line(raw, endpoint, seen)
+            return
+        if len(raw) > self._max_line:
+            self._problem(("line_too_large", self._too_large, None), self._number)
+            return
+        if self.count >= self._max_lines:
+            message = f"a batch holds at most {self._max_lines} lines"
+            self._problem(("too_many_lines", message, None), None)
+            self.full = True
+            return
+        line, problem = _line(raw, self._endpoint, self._seen)
         if problem is not None:
-            errors.append(LineError(problem[0], problem[1], number, problem[2]))
+            self._problem(problem, self._number)
         elif line is not None:
-            lines.append(line)
-    if not lines and not errors:
-        errors.append(LineError("empty_file", "the input file holds no request lines"))
-    if len(errors) > MAX_REPORTED:
-        more = len(errors) - MAX_REPORTED + 1
-        last = errors[MAX_REPORTED - 1]
-        errors[MAX_REPORTED - 1] = LineError(
-            last.code, f"{last.message} (and {more - 1} more errors)", last.line, last.param
-        )
-        del errors[MAX_REPORTED:]
-    return lines, errors
+            self.count += 1
+            if not self.errors:  # a batch that fails stores no lines
+                out.append(line)
+
+    def _problem(self, problem: Problem, number: int | None) -> None:
+        if len(self.errors) < MAX_REPORTED:
+            self.errors.append(LineError(problem[0], problem[1], number, problem[2]))
+        else:
+            self._more += 1
+
+
+async def load(store: BatchStore, source: FileRow, batch_id: str, validator: Validator) -> int:
+    """Read ``source``, checking its lines and storing the good ones under ``batch_id`` while
+    none is bad; the number of good lines (``validator.errors`` holds the problems)."""
+    stored = 0
+    group: list[NewLine] = []
+    group_bytes = 0
+
+    async def flush() -> None:
+        nonlocal stored, group, group_bytes
+        if group and not validator.errors:
+            await store.add_lines(batch_id, stored, group)
+            stored += len(group)
+        group, group_bytes = [], 0
+
+    async def keep(lines: list[NewLine]) -> None:
+        nonlocal group_bytes
+        for line in lines:
+            group.append(line)
+            group_bytes += len(line.body)
+            if len(group) >= GROUP_LINES or group_bytes >= CHUNK_BYTES:
+                await flush()
+
+    async for piece in content.read(store, source.id, source.bytes):
+        # Parsing a chunk takes milliseconds of CPU: in a thread, the loop keeps serving.
+        await keep(await asyncio.to_thread(validator.feed, piece))
+        if validator.full:
+            break
+    await keep(validator.finish())
+    await flush()
+    return validator.count
 
 
 Problem = tuple[str, str, str | None]
 
 
-def _line(raw: bytes, endpoint: str, seen: set[str]) -> tuple[NewLine | None, Problem | None]:
+def _line(raw: bytes, endpoint: str, seen: set[bytes]) -> tuple[NewLine | None, Problem | None]:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -74,10 +174,11 @@ def _line(raw: bytes, endpoint: str, seen: set[str]) -> tuple[NewLine | None, Pr
     custom_id = doc.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return None, ("missing_custom_id", "custom_id must be a non-empty string", "custom_id")
-    if custom_id in seen:
+    digest = hashlib.blake2b(custom_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    if digest in seen:
         # The id itself is the client's data: not quoted back.
         return None, ("duplicate_custom_id", "custom_id is used by an earlier line", "custom_id")
-    seen.add(custom_id)
+    seen.add(digest)
     if doc.get("method") != "POST":
         return None, ("invalid_method", "method must be POST", "method")
     if doc.get("url") != endpoint:

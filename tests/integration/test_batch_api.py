@@ -17,9 +17,19 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.batchkit import MODEL, chat_line, jsonl, lines_of, submit, wait
+from tests.batchkit import (
+    AUTH,
+    MODEL,
+    batch_client,
+    chat_line,
+    jsonl,
+    keyed,
+    lines_of,
+    submit,
+    wait,
+)
 from tests.procs import Process, run_replay, start_emulator
-from tests.router.harness import base_config, get, post, start_router, write_config
+from tests.router.harness import base_config, get, post, request, start_router, write_config
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +46,7 @@ def router(tmp_path_factory: pytest.TempPathFactory, capture: Path) -> Iterator[
     ):
         doc = base_config([("vllm", "vllm", vllm.url), ("deepinfer", "deepinfer", deepinfer.url)])
         doc["batch"] = {"data_dir": str(work / "data"), "max_concurrency": 8}
+        keyed(doc)
         doc["capture"] = {"path": str(capture)}
         with start_router(write_config(work, doc)) as proc:
             yield proc
@@ -43,7 +54,7 @@ def router(tmp_path_factory: pytest.TempPathFactory, capture: Path) -> Iterator[
 
 @pytest.fixture
 def client(router: Process) -> openai.OpenAI:
-    return openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    return batch_client(router.url, timeout=30)
 
 
 def test_files_round_trip(client: openai.OpenAI) -> None:
@@ -236,22 +247,17 @@ def test_the_completion_window_is_honoured(client: openai.OpenAI) -> None:
 
 def test_hostile_requests_get_openai_errors(router: Process) -> None:
     files, batches = router.url + "/v1/files", router.url + "/v1/batches"
+    form = "multipart/form-data; boundary=x"
     cases = [
-        (post(files, {"purpose": "batch"}), 415),  # JSON, not a form
-        (
-            post(files, b"--x\r\nnot a part", {"Content-Type": "multipart/form-data; boundary=x"}),
-            400,
-        ),
-        (
-            post(files, _form({"purpose": "batch"})[0], _form({"purpose": "batch"})[1]),
-            400,
-        ),  # no file
+        (post(files, {"purpose": "batch"}, AUTH), 415),  # JSON, not a form
+        (post(files, b"--x\r\nnot a part", {**AUTH, "Content-Type": form}), 400),
+        (post(files, *_form({"purpose": "batch"})), 400),  # no file
         (post(files, *_form({"purpose": "b" * 100, "file": "x"})), 413),
-        (post(batches, b"{not json"), 400),
-        (post(batches, b"[1, 2]"), 400),
-        (get(batches + "?limit=1000"), 400),
-        (get(files + "?order=sideways"), 400),
-        (get(files + "/file-nope/content"), 404),
+        (post(batches, b"{not json", AUTH), 400),
+        (post(batches, b"[1, 2]", AUTH), 400),
+        (request("GET", batches + "?limit=1000", headers=AUTH), 400),
+        (request("GET", files + "?order=sideways", headers=AUTH), 400),
+        (request("GET", files + "/file-nope/content", headers=AUTH), 404),
     ]
     for reply, status in cases:
         assert reply.status == status, (reply.status, reply.text)
@@ -264,7 +270,7 @@ def _form(fields: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         extra = '; filename="f.jsonl"' if name == "file" else ""
         head = f'--B\r\nContent-Disposition: form-data; name="{name}"{extra}\r\n\r\n'
         body += f"{head}{value}\r\n".encode()
-    return body + b"--B--\r\n", {"Content-Type": "multipart/form-data; boundary=B"}
+    return body + b"--B--\r\n", {**AUTH, "Content-Type": "multipart/form-data; boundary=B"}
 
 
 def test_responses_lines_and_custom_ids_that_cannot_be_headers(client: openai.OpenAI) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.batchkit import MODEL, chat_line, jsonl, lines_of
+from tests.batchkit import MODEL, batch_client, chat_line, jsonl, keyed, lines_of, paced
 from tests.procs import start_emulator
 from tests.router.harness import base_config, get, start_router, write_config
 
@@ -51,23 +51,15 @@ def test_the_window_follows_the_interactive_slo(
         start_emulator("deepinfer", time_scale=10) as deepinfer,
     ):
         doc = base_config([("vllm", "vllm", vllm.url), ("deepinfer", "deepinfer", deepinfer.url)])
-        doc["policies"]["adaptive"] = {
-            "type": "adaptive",
-            "params": {
-                "low_ttft": ["vllm"],
-                "high_throughput": ["deepinfer"],
-                "slo": {"interactive": {"ttft_s": ttft_slo, "tpot_s": 600.0}},
-            },
-        }
-        doc["default_policy"] = "round-robin"
+        paced(doc, ttft_slo)
         doc["batch"] = {
             "data_dir": str(tmp_path / "data"),
             "initial_concurrency": 4,
             "min_concurrency": 1,
             "max_concurrency": 32,
         }
-        with start_router(write_config(tmp_path, doc)) as router:
-            client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+        with start_router(write_config(tmp_path, keyed(doc))) as router:
+            client = batch_client(router.url)
             stop = threading.Event()
             chatter = threading.Thread(target=interactive, args=(client, stop), daemon=True)
             chatter.start()

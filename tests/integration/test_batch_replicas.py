@@ -10,10 +10,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 
-from tests.batchkit import answered_once, chat_line, submit
+from tests.batchkit import answered_once, batch_client, chat_line, keyed, submit
 from tests.pg import Postgres, start_postgres
 from tests.procs import start_emulator
 from tests.router.harness import base_config, get, start_router, write_config
@@ -41,10 +40,10 @@ def test_two_replicas_one_killed(postgres: Postgres, tmp_path: Path) -> None:
     ):
         doc = base_config([("vllm", "vllm", vllm.url), ("deepinfer", "deepinfer", deepinfer.url)])
         doc["batch"] = {"store": postgres.url, "max_concurrency": WINDOW, "lease_seconds": 1.0}
-        config = write_config(tmp_path, doc)
+        config = write_config(tmp_path, keyed(doc))
         rows = [chat_line(f"p{i}", max_tokens=150, ignore_eos=True) for i in range(LINES)]
         with start_router(config) as a, start_router(config) as b:
-            client = openai.OpenAI(base_url=b.url + "/v1", api_key="x", max_retries=0)
+            client = batch_client(b.url)
             batch = submit(client, rows)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not (lines_run(a.url) and lines_run(b.url) > 10):
@@ -54,5 +53,5 @@ def test_two_replicas_one_killed(postgres: Postgres, tmp_path: Path) -> None:
             b.proc.send_signal(signal.SIGKILL)
             b.proc.wait(10)
             # The survivor finishes and serves the batch created through the dead replica.
-            client = openai.OpenAI(base_url=a.url + "/v1", api_key="x", max_retries=0)
+            client = batch_client(a.url)
             answered_once(client, batch.id, rows, [vllm.url, deepinfer.url], WINDOW)

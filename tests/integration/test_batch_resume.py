@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.batchkit import answered_once, chat_line, submit
+from tests.batchkit import answered_once, batch_client, chat_line, keyed, submit
 from tests.procs import start_emulator
 from tests.router.harness import base_config, start_router, write_config
 
@@ -32,7 +32,7 @@ def engines() -> Iterator[list[tuple[str, str, str]]]:
 
 
 def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    return batch_client(url)
 
 
 def _stopped_mid_batch(
@@ -66,7 +66,7 @@ def test_sigkill_mid_batch_then_restart(
         "max_concurrency": WINDOW,
         "lease_seconds": 1.0,
     }
-    config = write_config(tmp_path, doc)
+    config = write_config(tmp_path, keyed(doc))
     rows = [chat_line(f"r{i}", max_tokens=150, ignore_eos=True) for i in range(LINES)]
     batch_id, completed = _stopped_mid_batch(config, rows, LINES // 5, signal.SIGKILL, 10)
     assert completed < LINES, "the batch ended before the kill: make its lines longer"
@@ -84,7 +84,7 @@ def test_a_draining_router_takes_no_new_lines(
     # Long enough that the whole batch (about 6 s of lines) would fit in it: a router that
     # kept taking lines while draining would answer every line before it exits.
     doc["shutdown"] = {"drain_seconds": 30}
-    config = write_config(tmp_path, doc)
+    config = write_config(tmp_path, keyed(doc))
     rows = [chat_line(f"d{i}", max_tokens=1000, ignore_eos=True) for i in range(LINES)]
     batch_id, _ = _stopped_mid_batch(config, rows, WINDOW, signal.SIGTERM, 30)
     with start_router(config) as second:

@@ -1,20 +1,27 @@
-"""The batch store's leases, on SQLite and on a real PostgreSQL server alike.
+"""The batch store's leases and files, on SQLite and on a real PostgreSQL server alike.
 
 Two workers (each its own connection, as two router replicas) take lines: never the same line
 while its lease runs, a dead worker's lines once it has run out, and only the lease's holder
-can write a line's answer; the right to finalize a batch is taken once.
+can write a line's answer; the right to finalize a batch is taken once. A file's content is
+chunks that go with its row; the sweep takes what dead writers left and nothing else; an
+older store is brought up to date.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from router.batch import content
+from router.batch.content import FileGone, FileWriter
+from router.batch.db import CHUNK_BYTES
 from router.batch.sql import SqlStore
-from router.batch.store import BatchRow, Finished, NewLine
+from router.batch.store import BatchRow, FileRow, Finished, NewLine
 from tests.pg import Postgres, start_postgres
 
 T0 = 1_000_000.0
@@ -52,7 +59,9 @@ async def new_batch(store: SqlStore, lines: int) -> str:
     batch_id = f"batch_t{next(_counter)}_{id(store)}"
     row = BatchRow(batch_id, "", "/v1/chat/completions", "file-x", "24h", "in_progress",
                    0, 10**10, total=lines)  # fmt: skip
-    await store.create_batch(row, [NewLine(f"c{i}", row.endpoint, b"{}") for i in range(lines)])
+    await store.create_batch(row)
+    rows = [NewLine(f"c{i}", row.endpoint, b"{}") for i in range(lines)]
+    await store.add_lines(batch_id, 0, rows)
     return batch_id
 
 
@@ -80,15 +89,15 @@ async def test_leases_and_takeover(stores: tuple[SqlStore, SqlStore]) -> None:
     row = await a.batch(None, batch)
     assert row is not None
     assert (row.completed, row.failed, row.prompt_tokens, row.completion_tokens) == (5, 0, 15, 25)
-    results = await a.line_results(batch)
+    results = await a.line_results(batch, 0, 1 << 20)
     assert [(r.custom_id, r.state, r.result) for r in results] == [
         (f"c{i}", "done", b'{"n": %d}' % i) for i in range(5)
     ]
     # Finalizing is taken once (until its own lease runs out).
     assert await a.begin_finalize(batch, T0 + 30, T0 + 40, "finalizing")
     assert not await b.begin_finalize(batch, T0 + 31, T0 + 41, "finalizing")
-    await a.finish_batch(batch, "completed", int(T0) + 32, [], None, None, 0)
-    await b.finish_batch(batch, "completed", int(T0) + 33, [], None, None, 0)  # no effect
+    assert await a.finish_batch(batch, "completed", int(T0) + 32, [], None, None, 0)
+    assert not await b.finish_batch(batch, "completed", int(T0) + 33, [], None, None, 0)
     done = await b.batch(None, batch)
     assert done is not None and (done.status, done.completed_at) == ("completed", int(T0) + 32)
 
@@ -147,3 +156,121 @@ async def test_replicas_opening_one_new_sqlite_file_together(tmp_path: Path) -> 
         await asyncio.gather(*(s.open() for s in stores))
         for s in stores:
             await s.close()
+
+
+async def stored_file(store: SqlStore, owner: str, content: bytes) -> FileRow:
+    writer = FileWriter(store)
+    await writer.write(content)
+    await writer.close()
+    row = FileRow(writer.file_id, owner, "batch", "in.jsonl", writer.size, 0)
+    await store.put_file(row)
+    return row
+
+
+async def read_whole(store: SqlStore, row: FileRow) -> bytes:
+    return b"".join([piece async for piece in content.read(store, row.id, row.bytes)])
+
+
+async def test_contents_are_chunked_and_go_with_their_file(
+    stores: tuple[SqlStore, SqlStore],
+) -> None:
+    a, b = stores
+    data = bytes(range(256)) * (CHUNK_BYTES // 256 * 2 + 7)  # two chunks and a bit
+    row = await stored_file(a, "alice", data)
+    assert await b.chunk(row.id, 2) is not None and await b.chunk(row.id, 3) is None
+    assert await read_whole(b, row) == data
+    assert not await b.delete_file("mallory", row.id)  # not mallory's: nothing happens
+    assert await read_whole(b, row) == data
+    assert await b.delete_file("alice", row.id)
+    assert await a.chunk(row.id, 0) is None
+    with pytest.raises(FileGone):
+        await read_whole(a, row)
+
+
+async def test_the_sweep_takes_only_what_dead_writers_left(
+    stores: tuple[SqlStore, SqlStore],
+) -> None:
+    a, _ = stores
+    kept = await stored_file(a, "alice", b"z" * 10)
+    for file_id in ("file-orphan", "file-writing"):
+        await a.put_chunk(file_id, 0, b"partial")
+    validating = BatchRow("batch_stuck", "", "/v1/chat/completions", "file-x", "24h",
+                          "validating", 100, 10**10)  # fmt: skip
+    await a.create_batch(validating)
+    await a.add_lines(validating.id, 0, [NewLine("c0", validating.endpoint, b"{}")])
+    running = await new_batch(a, 1)
+    cutoff = time.time()
+    await asyncio.sleep(0.01)
+    await a.put_chunk("file-writing", 1, b"later")  # written since: a write still going on
+    await a.sweep(cutoff)
+    assert await a.chunk("file-orphan", 0) is None
+    assert [await a.chunk("file-writing", n) for n in (0, 1)] == [b"partial", b"later"]
+    assert await read_whole(a, kept) == b"z" * 10
+    assert await a.batch(None, validating.id) is None
+    assert await a.line_results(validating.id, 0, 1 << 20) == []
+    assert await a.batch(None, running) is not None
+
+
+async def test_line_results_come_in_pages_of_about_a_chunk(
+    stores: tuple[SqlStore, SqlStore],
+) -> None:
+    a, _ = stores
+    batch = await new_batch(a, 5)
+    lines = await a.claim(batch, "A", 5, T0, T0 + 10)
+    sizes = [400_000, 400_000, 400_000, 3_000_000, 10]
+    for line, size in zip(lines, sizes, strict=True):
+        assert await a.finish_line(line, "A", Finished(True, b"r" * size), T0)
+    pages, start = [], 0
+    while page := await a.line_results(batch, start, CHUNK_BYTES):
+        pages.append([r.idx for r in page])
+        start = page[-1].idx + 1
+    assert pages == [[0, 1], [2], [3], [4]]  # one larger than a chunk comes alone
+
+
+OLD_FILES = """CREATE TABLE batch_files (
+  id TEXT PRIMARY KEY, owner TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+  bytes BIGINT NOT NULL, created_at BIGINT NOT NULL, seq BIGINT NOT NULL, content {blob}
+)"""
+
+
+async def test_a_store_of_whole_contents_is_chunked_when_opened(url: str) -> None:
+    """Before issue 26 a file's content was one column of its row: opening such a store moves
+    every content into chunks and drops the column."""
+    if url.startswith("postgresql://"):  # a database of its own: this one drops a table
+        url = await asyncio.to_thread(fresh_database, url)
+    store = SqlStore(url)
+    await store.open()
+    data = b"line\n" * (CHUNK_BYTES // 2)  # 2.5 chunks
+    try:
+
+        def old_layout() -> None:
+            with store._tx() as cur:
+                cur.execute("DROP TABLE batch_files")
+                cur.execute(OLD_FILES.format(blob="BYTEA" if store._pg else "BLOB"))
+                cur.execute(
+                    store._sql("INSERT INTO batch_files VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
+                    ("file-old", "alice", "batch", "old.jsonl", len(data), 0, 1, data),
+                )
+
+        await store._run(old_layout)
+    finally:
+        await store.close()
+    reopened = SqlStore(url)
+    await reopened.open()
+    try:
+        row = await reopened.file("alice", "file-old")
+        assert row is not None and row.bytes == len(data)
+        assert await reopened.chunk("file-old", 2) is not None
+        assert await read_whole(reopened, row) == data
+        assert [r.id for r in await reopened.files("alice", None, 10, None, True)] == ["file-old"]
+    finally:
+        await reopened.close()
+
+
+def fresh_database(url: str) -> str:
+    import psycopg
+
+    name = f"t{uuid.uuid4().hex}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return url.rsplit("/", 1)[0] + "/" + name
