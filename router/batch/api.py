@@ -1,8 +1,14 @@
 """``/v1/files`` and ``/v1/batches`` in OpenAI's shapes, for the official client.
 
-Files and batches belong to the caller that created them (its API key's tenant id, or the
-anonymous caller when keys are optional): another caller gets 404 for them, as for ids that
-do not exist. A body must arrive within ``limits.body_seconds``, as on every route.
+Files and batches belong to the API key that created them (its tenant id): another caller
+gets 404 for them, as for ids that do not exist, and an ``after`` cursor that is not one of
+the caller's ids gives an empty page, as one that does not exist. When the router knows keys,
+one it does not know is refused (401), never taken for anonymous; when it knows none, the key
+a caller presents is the only thing that tells callers apart, and owns what it creates.
+Callers without a key may use the Batch API only with ``batch.anonymous``, as one owner.
+Every call counts against the caller's requests per minute and concurrency
+(router.control.auth), and keeps the connection limits of every route: a body must arrive
+within ``limits.body_seconds``.
 
 Only ``purpose="batch"`` files can be uploaded (router.batch.upload); output and error files
 are the router's (``batch_output``). Contents go to and from the store a chunk at a time
@@ -24,10 +30,12 @@ from aiohttp import web
 
 from router.batch import content
 from router.batch.content import FileGone
+from router.batch.lines import KEYLESS
 from router.batch.store import BatchRow, BatchStore, FileRow, new_id
 from router.batch.upload import receive
 from router.batch.validate import Validator, load
 from router.config.model import BatchSettings
+from router.control.auth import Tenant, digest_of, presented_key, tenant_id
 from router.proxy.handler import PATHS
 from router.proxy.state import RouterState
 from router.server.errors import RouterError, error_response
@@ -138,14 +146,20 @@ class BatchApi:
         r.add_post("/v1/batches/{id}/cancel", self._guarded(self.cancel))
 
     def _guarded(self, fn: Callable[[web.Request, str], Any]) -> Callable[[web.Request], Any]:
-        """``fn`` with the caller's owner id; its RouterErrors answered as OpenAI errors."""
+        """``fn`` with the caller's owner id, under the caller's limits; its RouterErrors
+        answered as OpenAI errors."""
 
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
-                tenant = self._state.gate.identify(request.headers)
-                response: web.StreamResponse = await fn(
-                    request, tenant.capture_id if tenant is not None else ""
-                )
+                gate = self._state.gate  # a reload swaps it: the one of this request
+                tenant = gate.identify(request.headers)  # 401 here when keys are required
+                owner = self._owner(tenant, request)
+                lease = gate.admit_call(tenant)
+                try:
+                    response: web.StreamResponse = await fn(request, owner)
+                finally:
+                    if lease is not None:
+                        lease.release(0)
                 return response
             except RouterError as exc:
                 refusal = error_response(exc)
@@ -157,6 +171,20 @@ class BatchApi:
                 return error_response(RouterError(500, "internal router error", code="internal"))
 
         return handler
+
+    def _owner(self, tenant: Tenant | None, request: web.Request) -> str:
+        """The caller's owner id: its key's tenant id, or ``""`` (anonymous, when allowed)."""
+        if tenant is not None:
+            return tenant.capture_id
+        key = presented_key(request.headers)
+        if key is not None:
+            if self._state.gate.keyless:
+                return KEYLESS + tenant_id(digest_of(key))
+            raise RouterError(401, "invalid API key", code="invalid_api_key")
+        if not self._settings.anonymous:
+            message = "the Batch API needs an API key (batch.anonymous is off)"
+            raise RouterError(401, message, code="invalid_api_key")
+        return ""
 
     # files
 

@@ -81,7 +81,10 @@ class Executor:
         pacer: Pacer,
         metrics: BatchMetrics,
         settings: BatchSettings,
+        keepalive: float,
     ) -> None:
+        """``keepalive``: seconds an idle connection to the line site may be reused (under
+        the site's own idle limit, so the site never closes one just as a line is sent)."""
         self._store = store
         self._site = site
         self._pacer = pacer
@@ -93,6 +96,7 @@ class Executor:
         self._finalizing: dict[str, asyncio.Task[None]] = {}
         self._held: dict[str, float] = {}
         """Tenant (owner id) -> ``time.monotonic()`` until which none of its lines start."""
+        self._keepalive = keepalive
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
@@ -101,8 +105,9 @@ class Executor:
     def start(self) -> None:
         # No total timeout: the router's own per-class timeouts bound each line.
         # limit=0: the pacing window bounds the connections, not aiohttp's default of 100.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self._keepalive)
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None), connector=aiohttp.TCPConnector(limit=0)
+            timeout=aiohttp.ClientTimeout(total=None), connector=connector
         )
         self._loop_task = asyncio.create_task(self._loop(), name="batch-executor")
         self._probe_task = asyncio.create_task(self._probe(), name="batch-loop-lag")

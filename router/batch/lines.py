@@ -5,8 +5,10 @@ A batch line is a client request like any other: it goes through the one request
 serves that handler on a loopback port of its own, so a line is served by the process that
 took it, whatever other workers share the public port, and uses none of the public site's
 connection budget. Only the executor of this process can use it: every request must carry
-the random token made at start; the tenant the line runs as (the batch's creator) is named
-by its id in a header and looked up among the configured keys.
+the random token made at start (anything else gets 403 and the connection is closed); the
+tenant the line runs as (the batch's creator) is named by its id in a header and looked up
+among the configured keys. It keeps the public site's connection limits (``limits:`` idle,
+header and body timeouts, sizes, the stalled-reader timeout and the connection cap).
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from policies.types import Endpoint
 from router.proxy.handler import PATHS, RunAs, handle
 from router.proxy.state import RouterState
 from router.server.errors import RouterError, error_response
-from router.server.site import AiohttpClient
+from router.server.site import AiohttpClient, GuardedSite, handler_options
 
 TOKEN_HEADER = "X-Turnout-Line-Token"
 OWNER_HEADER = "X-Turnout-Batch-Owner"
+KEYLESS = "key-"
+"""Marks the owner id of a caller of a router that knows no key (router.batch.api): its lines
+run as anonymous traffic, as its requests do."""
 _RUN_AS = "turnout.run_as"
 
 
@@ -46,13 +51,14 @@ class LineSite:
         for endpoint, path in PATHS.items():
             app.router.add_post(path, self._proxied(endpoint))
         # handler_cancellation: a line given up (shutdown) closes its upstream request at once.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        options = {"access_log": None, **handler_options(state.config.limits)}
+        self._runner = web.AppRunner(app, handler_cancellation=True, **options)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         sock.listen(256)
         sock.setblocking(False)
-        await web.SockSite(self._runner, sock).start()
+        await GuardedSite(self._runner, sock, state.config.limits, options, backlog=256).start()
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
 
     @property
@@ -78,10 +84,13 @@ class LineSite:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         token = request.headers.get(TOKEN_HEADER, "")
         if not hmac.compare_digest(token.encode(), self.token.encode()):
-            return error_response(RouterError(403, "not a batch line", code="forbidden"))
+            refusal = error_response(RouterError(403, "not a batch line", code="forbidden"))
+            refusal.force_close()  # nothing but this process's executor has business here
+            return refusal
         owner = request.headers.get(OWNER_HEADER, "")
-        tenant = self._state.gate.tenant(owner) if owner else None
-        if owner and tenant is None:
+        keyed = owner and not owner.startswith(KEYLESS)
+        tenant = self._state.gate.tenant(owner) if keyed else None
+        if keyed and tenant is None:
             message = "the API key that created this batch is no longer configured"
             return error_response(RouterError(401, message, code="invalid_api_key"))
         request[_RUN_AS] = RunAs(tenant)

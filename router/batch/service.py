@@ -18,6 +18,10 @@ from router.batch.sql import SqlStore
 from router.config.model import BatchSettings
 from router.proxy.state import RouterState
 
+KEEPALIVE = 15.0
+"""Seconds the executor keeps an idle connection to the line site at most (aiohttp's own
+default), half the site's idle limit when that is shorter."""
+
 
 def store_url(settings: BatchSettings) -> str:
     """The configured store, or ``batch.db`` in the data directory."""
@@ -70,7 +74,12 @@ class BatchService:
         self.pacer = Pacer(settings, slo_ttft)
         self._site = LineSite(state)
         self.executor = Executor(
-            self._store, self._site, self.pacer, BatchMetrics(state.metrics.registry), settings
+            self._store,
+            self._site,
+            self.pacer,
+            BatchMetrics(state.metrics.registry),
+            settings,
+            keepalive=min(KEEPALIVE, state.config.limits.idle_seconds / 2),
         )
         self._api = BatchApi(self._store, settings, state, self.executor.wake)
 

@@ -73,9 +73,9 @@ class SqlStore(Database):
         if purpose is not None:
             where += " AND purpose = ?"
             args.append(purpose)
-        if after is not None:
-            where += f" AND seq {cmp} (SELECT seq FROM batch_files WHERE id = ?)"
-            args.append(after)
+        if after is not None:  # another owner's id is no cursor: as one that does not exist
+            where += f" AND seq {cmp} (SELECT seq FROM batch_files WHERE id = ? AND owner = ?)"
+            args += [after, owner]
         text = f"SELECT {_FILE_COLUMNS} FROM batch_files WHERE {where} ORDER BY seq {order} LIMIT ?"
         rows = await self._run(lambda: self._query(text, (*args, limit + 1)))
         return [FileRow(*r) for r in rows]
@@ -168,9 +168,9 @@ class SqlStore(Database):
 
     async def batches(self, owner: str, limit: int, after: str | None) -> list[BatchRow]:
         where, args = "owner = ?", [owner]
-        if after is not None:
-            where += " AND seq < (SELECT seq FROM batches WHERE id = ?)"
-            args.append(after)
+        if after is not None:  # another owner's id is no cursor: as one that does not exist
+            where += " AND seq < (SELECT seq FROM batches WHERE id = ? AND owner = ?)"
+            args += [after, owner]
         tail = "ORDER BY seq DESC LIMIT ?"
         return await self._run(lambda: self._batches(where, (*args, limit + 1), tail))
 

@@ -149,7 +149,8 @@ class BatchStore(Protocol):
     async def files(
         self, owner: str, purpose: str | None, limit: int, after: str | None, newest_first: bool
     ) -> list[FileRow]:
-        """A page of the owner's files (``limit`` + 1 rows tell there are more)."""
+        """A page of the owner's files (``limit`` + 1 rows tell there are more); ``after``
+        not one of the owner's ids: an empty page."""
 
     async def delete_file(self, owner: str, file_id: str) -> bool:
         """Delete the owner's file, row and content; False: it has no such file."""
@@ -174,7 +175,8 @@ class BatchStore(Protocol):
         """The batch (any owner's when ``owner`` is None: the executor's view)."""
 
     async def batches(self, owner: str, limit: int, after: str | None) -> list[BatchRow]:
-        """A page of the owner's batches, newest first (``limit`` + 1 rows)."""
+        """A page of the owner's batches, newest first (``limit`` + 1 rows); ``after`` not
+        one of the owner's ids: an empty page."""
 
     async def cancel(self, owner: str, batch_id: str, now: int) -> BatchRow | None:
         """Mark a validating or running batch ``cancelling``; the batch as it now is."""

@@ -55,6 +55,7 @@ def read_batch(m: Reader) -> BatchSettings:
         max_attempts=m.integer("max_attempts", d.max_attempts, low=1),
         max_file_bytes=m.integer("max_file_bytes", d.max_file_bytes, low=1),
         max_lines=m.integer("max_lines", d.max_lines, low=1),
+        anonymous=m.flag("anonymous", d.anonymous),
     )
     m.done()
     return out

@@ -321,6 +321,9 @@ class BatchSettings:
     completion window ends."""
     max_file_bytes: int = 200 * 1024 * 1024
     max_lines: int = 50000
+    anonymous: bool = False
+    """Callers without an API key (keys optional) may use it, all as one owner; off, they
+    get 401 (a key the router does not know always does)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,10 +143,7 @@ class Tenant:
     def __init__(self, spec: ApiKeySpec, digest: bytes, clock: Clock) -> None:
         self.spec = spec
         self.digest = digest
-        # What a capture line names the tenant by: a hash keyed by the key's digest, so it is
-        # stable across restarts and replicas yet reveals neither the key, its digest nor its
-        # configured name.
-        self.capture_id = hmac.new(digest, b"turnout-tenant", hashlib.sha256).hexdigest()[:16]
+        self.capture_id = tenant_id(digest)
         self.quota = Quota(
             spec.requests_per_minute, spec.tokens_per_minute, spec.max_concurrency, clock
         )
@@ -190,6 +187,13 @@ def _too_many(message: str, wait: float) -> RouterError:
     # longer, but the client is told no more than the window and simply asks again.
     retry = str(min(WINDOW_SECONDS, max(1, math.ceil(wait))))
     return RouterError(429, message, code="rate_limit_exceeded", headers={"Retry-After": retry})
+
+
+def tenant_id(digest: bytes) -> str:
+    """What a capture line (and the Batch API's ownership) names a key by: a hash keyed by
+    the key's digest, so it is stable across restarts and replicas yet reveals neither the
+    key, its digest nor a configured name."""
+    return hmac.new(digest, b"turnout-tenant", hashlib.sha256).hexdigest()[:16]
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -250,12 +254,17 @@ class Gate:
         if errors:
             raise ConfigError(errors)
 
+    @property
+    def keyless(self) -> bool:
+        """No key is known and none is required: no key can be told right or wrong."""
+        return not self._tenants and not self.required
+
     def identify(self, headers: Mapping[str, str]) -> Tenant | None:
         """The caller's tenant; None for an unknown caller when keys are optional; else 401.
 
         Required keys whose variables are all unset let nobody in (the CLI warns at start).
         """
-        if not self._tenants and not self.required:
+        if self.keyless:
             return None
         key = presented_key(headers)
         found: Tenant | None = None
@@ -352,6 +361,23 @@ class Gate:
             quota.tokens.take(charge)
         quota.inflight += 1
         return Lease(quota, charge, ceiling)
+
+    def admit_call(self, tenant: Tenant | None) -> Lease | None:
+        """:meth:`admit` for a call that names no model and spends no tokens (the Batch
+        API's): one of the caller's requests per minute and a concurrency slot, or 429."""
+        quota = tenant.quota if tenant is not None else self._anonymous
+        if quota is None:
+            return None
+        who = "this API key" if tenant is not None else "anonymous traffic"
+        if quota.max_concurrency is not None and quota.inflight >= quota.max_concurrency:
+            raise _too_many(f"{who} has {quota.inflight} requests open", 1.0)
+        if quota.requests is not None:
+            wait = quota.requests.wait_for(1)
+            if wait > 0:
+                raise _too_many(f"{who} is over its requests per minute", wait)
+            quota.requests.take(1)
+        quota.inflight += 1
+        return Lease(quota, 0, 0)
 
 
 def _resolve(spec: ApiKeySpec) -> bytes | None:

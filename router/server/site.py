@@ -116,9 +116,15 @@ def too_large(limit: int) -> RouterError:
 
 
 def handler_options(limits: LimitSettings) -> dict[str, Any]:
-    """Keyword arguments for ``web.AppRunner`` that aiohttp passes to each connection."""
+    """Keyword arguments for ``web.AppRunner`` that aiohttp passes to each connection.
+
+    ``lingering_time``: after an answer sent before its request's body was read (a 413, a
+    408), aiohttp reads and drops the rest so that the client gets the answer rather than a
+    reset; for at most ``body_seconds``, as the lean server does, not its own 10 s.
+    """
     return {
         "keepalive_timeout": limits.idle_seconds,
+        "lingering_time": limits.body_seconds,
         "max_headers": limits.max_headers,
         "max_field_size": limits.max_header_bytes,
         "max_line_size": limits.max_header_bytes,

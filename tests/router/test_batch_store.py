@@ -3,8 +3,8 @@
 Two workers (each its own connection, as two router replicas) take lines: never the same line
 while its lease runs, a dead worker's lines once it has run out, and only the lease's holder
 can write a line's answer; the right to finalize a batch is taken once. A file's content is
-chunks that go with its row; the sweep takes what dead writers left and nothing else; an
-older store is brought up to date.
+chunks that go with its row; paging by a cursor of another owner is paging by an unknown one;
+the sweep takes what dead writers left and nothing else; an older store is brought up to date.
 """
 
 from __future__ import annotations
@@ -185,6 +185,28 @@ async def test_contents_are_chunked_and_go_with_their_file(
     assert await a.chunk(row.id, 0) is None
     with pytest.raises(FileGone):
         await read_whole(a, row)
+
+
+async def test_a_foreign_cursor_pages_as_an_unknown_one(stores: tuple[SqlStore, SqlStore]) -> None:
+    a, _ = stores
+    alice, mallory = f"alice-{uuid.uuid4().hex}", f"mallory-{uuid.uuid4().hex}"
+    mine = [await stored_file(a, alice, b"x\n") for _ in range(3)]
+    theirs = await stored_file(a, mallory, b"y\n")
+    for newest_first in (True, False):
+        pages = [
+            await a.files(alice, None, 10, after, newest_first)
+            for after in (theirs.id, "file-nope")
+        ]
+        assert pages == [[], []]
+        assert len(await a.files(alice, None, 10, mine[1].id, newest_first)) == 1
+    ids = []
+    for owner in (alice, alice, mallory):
+        row = BatchRow(f"batch_{uuid.uuid4().hex}", owner, "/v1/chat/completions", "file-x",
+                       "24h", "in_progress", 0, 10**10)  # fmt: skip
+        await a.create_batch(row)
+        ids.append(row.id)
+    assert [b.id for b in await a.batches(alice, 10, ids[1])] == [ids[0]]
+    assert await a.batches(alice, 10, ids[2]) == await a.batches(alice, 10, "batch_nope") == []
 
 
 async def test_the_sweep_takes_only_what_dead_writers_left(
