@@ -365,16 +365,12 @@ class Gate:
     def admit_call(self, tenant: Tenant | None) -> Lease | None:
         """:meth:`admit` for a call that names no model and spends no tokens (the Batch
         API's): one of the caller's requests per minute and a concurrency slot, or 429."""
-        quota = tenant.quota if tenant is not None else self._anonymous
-        if quota is None:
+        found = self._quota(tenant)
+        if found is None:
             return None
-        who = "this API key" if tenant is not None else "anonymous traffic"
-        if quota.max_concurrency is not None and quota.inflight >= quota.max_concurrency:
-            raise _too_many(f"{who} has {quota.inflight} requests open", 1.0)
+        quota, who = found
+        quota.check(who, 0)
         if quota.requests is not None:
-            wait = quota.requests.wait_for(1)
-            if wait > 0:
-                raise _too_many(f"{who} is over its requests per minute", wait)
             quota.requests.take(1)
         quota.inflight += 1
         return Lease(quota, 0, 0)
