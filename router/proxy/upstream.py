@@ -52,7 +52,6 @@ from router.server.errors import RouterError
 
 # A 5xx that says the backend (or a proxy in front of it) cannot serve now, whatever was asked.
 _GATEWAY = frozenset({502, 503, 504})
-_LOGGED_BODY = 300  # bytes of a replaced error body shown in the log
 _MAX_MESSAGE = 1000  # characters of an engine's own error message passed on
 log = logging.getLogger("router")
 _MAX_ERROR_BODY = 64 * 1024
@@ -97,7 +96,8 @@ def replacement_error(status: int, body: bytes, backend: str) -> UpstreamFault |
     Otherwise an OpenAI error with the same status: an engine's JSON error of another shape
     (vLLM's and SGLang's ``{"object": "error", "message": ...}``, TGI's ``{"error": "..."}``)
     keeps its message; anything else (an HTML page from a proxy, which may name internal
-    hosts or carry credentials) is logged at warning, truncated, and never sent.
+    hosts or carry credentials) is never sent, and the warning it gets gives only its size:
+    a log line is no safer a place for a secret than an answer.
     """
     try:
         doc = orjson.loads(body)
@@ -118,10 +118,11 @@ def replacement_error(status: int, body: bytes, backend: str) -> UpstreamFault |
             )
     if body:
         log.warning(
-            "backend %s answered %d with a body that is not OpenAI error JSON (not passed on): %r",
+            "backend %s answered %d with %d bytes that are not OpenAI error JSON "
+            "(neither passed on nor logged)",
             backend,
             status,
-            body[:_LOGGED_BODY],
+            len(body),
         )
     return UpstreamFault(
         status,
