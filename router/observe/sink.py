@@ -83,7 +83,10 @@ class Sink:
         os.replace(path, f"{path}.1")
         old = self._fd
         self._fd = open_append(path)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        # Another sink may have created the new file between the rename and our open, locked
+        # it, written and rotated it in turn: follow ``path`` as any lock does, or this sink
+        # would write, and then rotate, beside the one that holds the current file.
+        self._lock_current()
         fcntl.flock(old, fcntl.LOCK_UN)
         os.close(old)
 
