@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -16,7 +16,7 @@ from aiohttp import web
 
 from policies.base import Forgets, Policy, ReportsError
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
-from policies.types import REQUEST_CLASSES
+from policies.types import REQUEST_CLASSES, RequestClass, Slo, group_of
 from router.backends.fleet import Fleet, Resolver, resolve_dns
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
@@ -226,7 +226,14 @@ def _routes(app: web.Application, state: RouterState) -> None:
         )
 
     async def backends(_: web.Request) -> web.Response:
-        return _json([b.describe() for b in state.pool.backends])
+        # a discovered replica costs what its config entry says (replay's cost figures)
+        prices = state.config.pricing
+        return _json(
+            [
+                {**b.describe(), "usd_per_hour": prices.get(group_of(b.spec.name))}
+                for b in state.pool.backends
+            ]
+        )
 
     async def policies(request: web.Request) -> web.Response:
         try:
@@ -236,7 +243,12 @@ def _routes(app: web.Application, state: RouterState) -> None:
         default = state.config.default_policy
         return _json(
             [
-                {"name": p.name, "type": p.type, "default": p.name == default}
+                {
+                    "name": p.name,
+                    "type": p.type,
+                    "default": p.name == default,
+                    "slo": _slo(state.slo.get(p.name)),
+                }
                 for p in state.config.policies
             ]
         )
@@ -260,6 +272,13 @@ async def _batch_off(_: web.Request) -> web.Response:
         "'batch:' section to turn it on (docs/router.md#batch-api)"
     )
     return error_response(RouterError(404, message, code="batch_api_off"))
+
+
+def _slo(targets: Mapping[RequestClass, Slo] | None) -> dict[str, dict[str, float]] | None:
+    """The class targets a policy's requests are judged against (goodput), or None."""
+    if targets is None:
+        return None
+    return {c: {"ttft_s": t.ttft_s, "tpot_s": t.tpot_s} for c, t in sorted(targets.items())}
 
 
 def _card(model: str) -> dict[str, object]:

@@ -1,4 +1,5 @@
-"""The ``backends`` section: each entry's URL or emulator, TLS settings and header list.
+"""The ``backends`` section: each entry's URL or emulator, TLS settings and header list; and
+``pricing``, what each backend costs an hour (read by replay's cost figures, nothing else).
 
 Also the one place a backend's TLS settings become an :class:`ssl.SSLContext`
 (:func:`client_tls`): the parser builds it once to check the files, and every client that
@@ -19,7 +20,7 @@ from router.config.model import (
     EmulatorSpec,
     UpstreamTls,
 )
-from turnout.common.schema import Reader, join
+from turnout.common.schema import Reader, join, unknown
 
 
 def read_backends(top: Reader) -> tuple[BackendSpec, ...]:
@@ -71,6 +72,21 @@ def read_backends(top: Reader) -> tuple[BackendSpec, ...]:
         )
         m.done()
     return tuple(out)
+
+
+def read_pricing(m: Reader, backends: list[str]) -> dict[str, float]:
+    """``pricing: {BACKEND: {usd_per_hour: X}}`` -> backend name -> USD an hour."""
+    out = {}
+    for name in m.names():
+        if name not in backends:
+            m.error(name, unknown(name, backends, "backend"))
+        e = m.child(name, required=True)
+        out[name] = e.number("usd_per_hour", 0.0, low=0.0)
+        if not e.has("usd_per_hour") and e.raw:
+            e.error("usd_per_hour", "is required")
+        e.done()
+    m.done()
+    return out
 
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header name (RFC 9110 5.1)

@@ -353,6 +353,8 @@ class RouterConfig:
     """Served policy name -> where its mirrored requests go."""
     batch: BatchSettings | None = None
     """The Batch API; None: its endpoints answer 404."""
+    pricing: Mapping[str, float] = field(default_factory=dict)
+    """Backend name -> what it costs, USD an hour (``/turnout/pricing``, replay's cost)."""
 
     def timeouts_for(self, request_class: str) -> ClassTimeouts:
         return self.timeouts.get(request_class) or ClassTimeouts()

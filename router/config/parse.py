@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from policies.types import REQUEST_CLASSES
-from router.config.backends import read_backends
+from router.config.backends import read_backends, read_pricing
 from router.config.batch import read_batch
 from router.config.model import (
     DEFAULT_CAPTURE_HEADERS,
@@ -114,6 +114,7 @@ def parse_document(doc: object, errors: Errors) -> RouterConfig:
         shutdown=_shutdown(top.child("shutdown")),
         shadow=_shadow(top.child("shadow"), names, policy_names),
         batch=read_batch(top.child("batch")) if top.has("batch") else None,
+        pricing=read_pricing(top.child("pricing"), names),
     )
     top.done()
     return config

@@ -124,6 +124,7 @@ async def handle(
         ticket.conn = opened.conn  # from here the drain cuts by aborting the upstream
         ex.backend = extra["X-Turnout-Backend"] = opened.target.backend.name
         ex.failovers = opened.failovers
+        extra["X-Turnout-Attempts"] = str(opened.failovers + 1)
         # TPOT comes from the usage figures, so the meter stops looking for content after the
         # first token (see turnout/common/sse.py).
         ex.meter = StreamMeter(
@@ -161,6 +162,7 @@ async def handle(
     except UpstreamFailed as exc:
         ex.failovers = exc.failovers
         ex.backend = extra["X-Turnout-Backend"] = exc.last.backend
+        extra["X-Turnout-Attempts"] = str(exc.failovers + 1)
         return _failed(exc, extra, ex)
     except asyncio.CancelledError:  # handler_cancellation: the client went away
         if ticket is not None and ticket.cut:  # ...or the drain's deadline, before any answer

@@ -312,6 +312,20 @@ def test_a_malformed_usage_field_does_not_lose_the_other() -> None:
     assert meter.protocol_errors == {"bad_usage": 1}
 
 
+def test_cached_prompt_tokens_are_read_and_a_bad_count_is_counted() -> None:
+    usage = {"prompt_tokens": 70, "completion_tokens": 2}
+    meter = StreamMeter(0.0)
+    _feed_all(meter, _stream_with({**usage, "prompt_tokens_details": {"cached_tokens": 64}}))
+    assert meter.figures().cached_tokens == 64 and not meter.protocol_errors
+    meter = StreamMeter(0.0)  # the Responses API's names
+    _feed_all(meter, _stream_with({**usage, "input_tokens_details": {"cached_tokens": 16}}))
+    assert meter.figures().cached_tokens == 16
+    meter = StreamMeter(0.0)
+    _feed_all(meter, _stream_with({**usage, "prompt_tokens_details": {"cached_tokens": -1}}))
+    assert meter.figures().cached_tokens is None and meter.protocol_errors == {"bad_usage": 1}
+    assert meter.figures().prompt_tokens == 70  # the rest is still read
+
+
 def test_non_utf8_finish_reason_is_ignored_and_counted() -> None:
     events = _stream_with({"prompt_tokens": 7, "completion_tokens": 2}, finish=b'"st\xffp"')
     events[-3] = events[-3].replace(b"}]}", b'}],"usage":{"prompt_tokens":7}}')

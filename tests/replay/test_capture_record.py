@@ -26,7 +26,7 @@ def test_round_trip_keeps_every_field() -> None:
         ts=iso_utc(0.5),
         headers={"x-request-class": "batch"},
         route=Route("adaptive", "batch", "vllm", 1),
-        resp=Response(200, True, "stop", 7, 3, None),
+        resp=Response(200, True, "stop", 7, 3, None, cached_tokens=4),
         obs=Observed(1.5, 2.5, 10.0, 0.25),
     )
     line = dump_line(rec)
@@ -34,7 +34,12 @@ def test_round_trip_keeps_every_field() -> None:
     doc = orjson.loads(line)
     assert list(doc)[:4] == ["custom_id", "method", "url", "body"]
     assert doc["route"]["class"] == "batch"
-    assert doc["resp"]["usage"] == {"prompt_tokens": 7, "completion_tokens": 3}
+    usage = {
+        "prompt_tokens": 7,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    assert doc["resp"]["usage"] == usage
     assert doc["ts"] == "1970-01-01T00:00:00.500000Z"
     back = parse_line(line)
     assert back == _fields(rec, t_offset_ms=12.346)

@@ -45,6 +45,8 @@ class Response:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: Mapping[str, object] | None = None
+    cached_tokens: int | None = None
+    """Prompt tokens the engine found cached (``usage.prompt_tokens_details``), if told."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,12 @@ def record_to_dict(rec: CaptureRecord) -> dict[str, Any]:
             doc["route"]["tenant"] = r.tenant
     if rec.resp is not None:
         s = rec.resp
-        usage = {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens}
+        usage: dict[str, Any] = {
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+        }
+        if s.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": s.cached_tokens}
         doc["resp"] = {
             "status": s.status,
             "stream": s.stream,
@@ -199,6 +206,7 @@ def record_from_dict(doc: Mapping[str, Any]) -> CaptureRecord:
         )
     if (s := _section(doc, "resp")) is not None:
         usage = _section(s, "usage") or {}
+        details = _section(usage, "prompt_tokens_details") or {}
         resp = Response(
             status=_opt(s, "status", int),
             stream=bool(s.get("stream")),
@@ -206,6 +214,7 @@ def record_from_dict(doc: Mapping[str, Any]) -> CaptureRecord:
             prompt_tokens=_opt(usage, "prompt_tokens", int),
             completion_tokens=_opt(usage, "completion_tokens", int),
             error=_section(s, "error"),
+            cached_tokens=_opt(details, "cached_tokens", int),
         )
     if (o := _section(doc, "obs")) is not None:
         num = (int, float)

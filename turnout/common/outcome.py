@@ -53,6 +53,7 @@ class Outcome:
 
     __slots__ = (
         "body_tokens",
+        "cached_tokens",
         "completion_tokens",
         "done",
         "error",
@@ -67,6 +68,8 @@ class Outcome:
         when the body reports no completion tokens of its own (a settlement's estimate)."""
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        """Prompt tokens the engine found in its prefix cache (``prompt_tokens_details``)."""
         self.finish_reason: str | None = None
         self.error: dict[str, object] | None = None
         self.done = False
@@ -157,6 +160,13 @@ class Outcome:
             self.completion_tokens = completion
         elif completion is not None:
             bad = True
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+        if isinstance(details, dict):
+            cached = details.get("cached_tokens")
+            if _is_count(cached):
+                self.cached_tokens = cached
+            elif cached is not None:
+                bad = True
         if bad:
             self._count("bad_usage")
 

@@ -120,6 +120,7 @@ class StreamFigures:
     itls: list[float] | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None
     finish_reason: str | None
     error: dict[str, object] | None
     done: bool
@@ -485,6 +486,7 @@ class StreamMeter(Outcome):
             itls=self.itls,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
             finish_reason=self.finish_reason,
             error=self.error,
             done=self.done,
