@@ -11,6 +11,7 @@ from pathlib import Path
 
 import uvloop
 
+from replay.compare import annotate
 from replay.merge import main as merge_main
 from replay.options import (
     HelpFormatter,
@@ -23,9 +24,10 @@ from replay.options import (
 )
 from replay.preflight import TargetError
 from replay.replayer import Replayer, ReplayOptions, build_report
-from replay.report import render_tables
 from replay.sources import FORMATS, Format, Source, SourceError, detect_format
 from replay.synth import PromptSynth
+from replay.tables import render_tables
+from replay.versus import main as compare_main
 from turnout.common.capture import dump_line
 
 
@@ -35,6 +37,17 @@ def _url(text: str) -> str:
     return text
 
 
+def nonnegative(text: str) -> float:
+    """A number of seconds, 0 or more."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return v
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="replay",
@@ -42,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog=(
             "Also: replay convert FILE -o CAPTURE [--format F] (any trace -> capture.jsonl); "
             "replay merge RESULTS... [--out report.json] [--html report.html] (one report "
-            "from shards' results); replay simulate FILE [--config C] [--policy P]... "
+            "from shards' results); replay compare A.json B.json [--html C.html] (two "
+            "saved reports, paired by request); replay simulate FILE [--config C] [--policy P]... "
             "[--set KEY=V1,V2] (virtual time). Exit status: 0 when the replay ran (failed "
             "requests are summarised), 1 when every request of a run failed, 2 for bad input "
             "or a target that cannot take the replay (checked before the first request)."
@@ -65,6 +79,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY (captures hold none)"
+    )
+    p.add_argument(
+        "--aa",
+        action="store_true",
+        help="run the first policy twice: the comparison's noise floor (an A/A run)",
+    )
+    p.add_argument(
+        "--blocks",
+        type=positive(int),
+        metavar="K",
+        help="with two runs or more: the schedule in K stretches, each replayed by every run "
+        "in turn (default: as many as runs)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=nonnegative,
+        metavar="SECONDS",
+        help="with two runs or more: the trace's first SECONDS replayed once per policy, not "
+        "measured (default: a tenth of the trace, at most a minute of it; 0: none)",
     )
     p.add_argument("--shadow-target", type=_url, metavar="URL", help="also send every request here")
     p.add_argument(
@@ -119,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         return _convert(args_in[1:])
     if args_in[:1] == ["merge"]:
         return merge_main(args_in[1:])
+    if args_in[:1] == ["compare"]:
+        return compare_main(args_in[1:])
     if args_in[:1] == ["simulate"]:
         # imported here: the simulator brings the router, policies and engine models along
         from replay.simulate.cli import main as simulate_main
@@ -142,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         api_key=a.api_key,
         progress=sys.stdout.isatty() and not a.no_progress,
         sessions=a.sessions,
+        aa=a.aa,
+        blocks=a.blocks,
+        warmup_s=a.warmup,
+        window_s=a.window_seconds,
+        prices=dict(a.prices),
     )
     try:
         fmt = a.format or detect_format(a.file)
@@ -170,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nreplay: interrupted; no report written", file=sys.stderr)
         return 130
-    report = build_report(opts, replayer.format, runs)
+    report = annotate(build_report(replayer, runs), replayer.pricing)
     print(render_tables(report))
-    write_outputs(report, runs, a.out, a.html)
+    write_outputs(report, a.out, a.html)
     return exit_status("replay", report)

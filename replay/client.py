@@ -41,6 +41,10 @@ class Result:
     text: str | None = None
     choices: int = 1
     """The request's ``n``: the output tokens cover every choice."""
+    attempts: int | None = None
+    """Backends the router tried (``X-Turnout-Attempts``); None from other targets."""
+    cached_tokens: int | None = None
+    """Prompt tokens the engine found in its prefix cache, as its usage reports them."""
 
     @property
     def ok(self) -> bool:
@@ -167,6 +171,7 @@ class Client:
                 res.backend = r.headers.get("x-turnout-backend")
                 res.request_class = r.headers.get("x-turnout-class") or res.request_class
                 res.policy = r.headers.get("x-turnout-policy") or self._policy
+                res.attempts = _count(r.headers.get("x-turnout-attempts"))
                 res.stream = r.content_type == "text/event-stream"
                 if res.stream:
                     async for chunk in r.content.iter_any():
@@ -189,6 +194,7 @@ class Client:
         res.itls = fig.itls or []
         res.prompt_tokens = fig.prompt_tokens
         res.completion_tokens = fig.completion_tokens
+        res.cached_tokens = fig.cached_tokens
         res.finish_reason = fig.finish_reason
         if res.error is None and fig.error is not None:
             res.error = fig.error
@@ -196,6 +202,12 @@ class Client:
             joined = b"".join(raw)
             res.text = _stream_text(joined) if res.stream else _choice_text(_loads(joined))
         return res
+
+
+def _count(text: str | None) -> int | None:
+    """A header's small whole number, or None (absent, or not one)."""
+    ok = text is not None and text.isascii() and text.isdigit() and len(text) < 6
+    return int(text) if ok and text is not None else None
 
 
 def _loads(data: bytes) -> Any:

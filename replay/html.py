@@ -1,10 +1,23 @@
-"""``--html``: a self-contained report page (inline data, script and SVG; no network fetches).
+"""``--html``: one self-contained report page (inline data, script and SVG; it fetches nothing).
 
-The page's script draws one CDF plot per latency (TTFT, E2E) and group (all requests, each
-class), one curve per run. Every curve's element carries the report's own figures as data
-attributes (``data-mean-ms``, ``data-p95-ms``, ``data-n``) and as a text label, so a browser
-check can compare what the page shows with ``report.json``. When drawing is complete the
-script sets ``data-rendered`` on ``<body>``; an uncaught error sets ``data-error`` instead.
+The page holds the report JSON and draws everything from it, so it is complete with a single
+run and the same for ``replay``, ``replay simulate``, ``replay merge`` and ``replay compare``:
+
+- the verdict lines (:mod:`replay.compare`) above everything, then what was replayed, how
+  fast and over which stretch, how the runs were ordered and kept out of each other's prefix
+  caches;
+- the comparison per candidate: each metric's change with its 95% interval, the A/A noise
+  floor and the verdict; for live against simulated runs, the simulator's error per metric;
+- the tables per class, then all requests (:mod:`replay.tables`, the terminal's, the best
+  value of a row in bold);
+- the runs over the trace's clock, what each backend served, the slowest requests and cost
+  (:mod:`replay.charts`, :mod:`replay.views`);
+- TTFT and E2E CDFs per group, one curve per run: each curve's element carries the report's
+  own figures as data attributes (``data-mean-ms``, ``data-p95-ms``, ``data-n``) and as a
+  label, so a browser check can compare what the page shows with ``report.json``.
+
+Every chart is an ``svg.chart`` drawn only when it has data; when all are drawn the script
+sets ``data-charts`` (their number) on ``<body>``; an uncaught error sets ``data-error``.
 """
 
 from __future__ import annotations
@@ -16,53 +29,101 @@ from typing import Any
 
 import orjson
 
-from replay.report import RunReport
-
-Samples = dict[str, dict[str, dict[str, list[float]]]]
-"""run label -> group ("all" or a class) -> metric ("ttft", "e2e") -> sorted samples (ms)."""
+from replay.charts import CHARTS
+from replay.order import order_text
+from replay.tables import header, metric_tables
+from replay.views import tables
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Turnout replay report</title>
 <style>
-body{font:14px system-ui,sans-serif;margin:24px;color:#222}
-table{border-collapse:collapse;margin:8px 0 24px}
-td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
+table{border-collapse:collapse;margin:4px 0 20px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
 td:first-child,th:first-child{text-align:left}
+td.best{font-weight:700;background:#eef6ee}
+td.better{color:#17692b;font-weight:600} td.worse{color:#a61b1b;font-weight:600}
+.scroll{overflow-x:auto;max-width:100%}
+.verdict{font-size:16px;font-weight:600;background:#f4f4f8;padding:8px 12px;margin:6px 0}
 .plots{display:flex;flex-wrap:wrap;gap:16px}
-figure{margin:0}
-figcaption{font-weight:600;margin-bottom:4px}
+figure{margin:0} figcaption{font-weight:600;margin-bottom:4px}
+nav a{margin-right:12px} h2{margin-top:32px;border-bottom:1px solid #ddd}
+.note{color:#555}
 </style></head>
 <body>
 <h1>Turnout replay report</h1>
-<p>__SUMMARY__</p>
-<div id="tables"></div>
-<h2>Latency CDFs</h2>
-<div class="plots" id="plots"></div>
+<div id="verdicts"></div>
+<p id="summary">__SUMMARY__</p>
+<p class="note">__ORDER__</p>
+<nav>__NAV__</nav>
+<section id="comparison"><h2>Comparison</h2><div id="comparison-tables"></div></section>
+<section id="simulator"><h2>Simulated against live</h2><div id="simulator-tables"></div>
+</section>
+<section id="tables"><h2>Per class</h2><div id="metric-tables"></div></section>
+<section id="timeline"><h2>Over the trace</h2><div class="plots" id="timeline-plots"></div>
+</section>
+<section id="backends"><h2>Backends</h2><div class="plots" id="backend-plots"></div>
+<div id="backend-tables"></div></section>
+<section id="slowest"><h2>Slowest requests</h2><div id="slowest-tables"></div></section>
+<section id="cost"><h2>Cost</h2><div id="cost-tables"></div></section>
+<section id="cdfs"><h2>Latency CDFs</h2><div class="plots" id="plots"></div></section>
 <script type="application/json" id="report">__REPORT__</script>
-<script type="application/json" id="samples">__SAMPLES__</script>
+<script type="application/json" id="views">__VIEWS__</script>
 <script>
 "use strict";
 window.addEventListener("error", (e) => { document.body.dataset.error = String(e.message); });
 const report = JSON.parse(document.getElementById("report").textContent);
-const samples = JSON.parse(document.getElementById("samples").textContent);
+const views = JSON.parse(document.getElementById("views").textContent);
 const NS = "http://www.w3.org/2000/svg";
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
-const W = 460, PLOT_H = 220, L = 56, R = 12, T = 12, AXIS = 36, LINE = 14;
 function el(tag, attrs, parent) {
   const e = document.createElementNS(NS, tag);
   for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
   if (parent) parent.appendChild(e);
   return e;
 }
+function node(tag, text, parent) {
+  const e = document.createElement(tag);
+  if (text !== null) e.textContent = text;
+  if (parent) parent.appendChild(e);
+  return e;
+}
 function fmt(v) { return v === null || v === undefined ? "-" : v.toFixed(1); }
+function table(boxId, t) {
+  const box = document.getElementById(boxId);
+  node("h3", t.title, box);
+  const wrap = node("div", null, box);
+  wrap.className = "scroll";
+  const tab = node("table", null, wrap);
+  const head = tab.insertRow();
+  for (const c of t.head) node("th", c, head);
+  t.rows.forEach((row, i) => {
+    const r = tab.insertRow();
+    row.forEach((c, k) => {
+      const cell = r.insertCell();
+      cell.textContent = c;
+      if (k === t.best[i]) cell.className = "best";
+      if (c === "better" || c === "worse") cell.className = c;
+    });
+  });
+}
+function section(id, tables, boxId) {
+  if (!tables.length) {
+    document.getElementById(id).remove();
+    document.querySelector(`nav a[href="#${id}"]`).remove();
+    return;
+  }
+  for (const t of tables) table(boxId, t);
+}
 function runs() {
   const out = [];
   for (const run of report.runs) {
     const label = run.policy || "target";
-    out.push({label, groups: Object.assign({all: run.overall}, run.by_class)});
+    out.push({label, cdf: run.cdf || {},
+              groups: Object.assign({all: run.overall}, run.by_class)});
     if (run.shadow) {
-      out.push({label: label + " (shadow)",
+      out.push({label: label + " (shadow)", cdf: run.shadow.cdf || {},
                 groups: Object.assign({all: run.shadow.overall}, run.shadow.by_class)});
     }
   }
@@ -70,15 +131,15 @@ function runs() {
 }
 function plot(metric, group, series) {
   const key = metric === "ttft" ? "ttft" : "e2el";
+  const W = 460, PLOT_H = 220, L = 56, R = 12, T = 12, AXIS = 36, LINE = 14;
   const fig = document.createElement("figure");
-  const cap = document.createElement("figcaption");
-  cap.textContent = (metric === "ttft" ? "TTFT" : "E2E latency") + " CDF, " +
-    (group === "all" ? "all requests" : "class " + group);
-  fig.appendChild(cap);
+  const cap = node("figcaption", (metric === "ttft" ? "TTFT" : "E2E latency") + " CDF, " +
+    (group === "all" ? "all requests" : "class " + group), fig);
+  cap.dataset.group = group;
   const H = T + PLOT_H + AXIS + LINE * series.length;
-  const svg = el("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`,
-                         "data-metric": metric, "data-group": group});
-  fig.appendChild(svg);
+  const svg = el("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "chart cdf",
+                         "data-metric": metric, "data-group": group,
+                         "data-series": series.length}, fig);
   let max = 0;
   for (const s of series) for (const v of s.values) max = Math.max(max, v);
   max = max > 0 ? max : 1;
@@ -102,74 +163,50 @@ function plot(metric, group, series) {
                        "data-mean-ms": fmt(s.metrics["mean_" + key + "_ms"]),
                        "data-p95-ms": fmt(s.metrics["p95_" + key + "_ms"])}, svg);
     const color = COLORS[i % COLORS.length];
-    if (n > 0) {
-      el("polyline", {points: pts.join(" "), fill: "none", stroke: color, "stroke-width": 2}, g);
-    }
+    el("polyline", {points: pts.join(" "), fill: "none", stroke: color, "stroke-width": 2}, g);
     el("text", {x: L, y: y(0) + AXIS + LINE * i, "font-size": 11, fill: color, class: "label"}, g)
       .textContent = `${s.label}: mean ${g.dataset.meanMs} ms, ` +
         `P95 ${g.dataset.p95Ms} ms (n=${s.metrics.completed})`;
   });
   document.getElementById("plots").appendChild(fig);
 }
-function table(title, cols) {
-  const rows = [["Successful requests", (m) => `${m.completed} / ${m.completed + m.failed}`],
-    ["Output throughput (tokens/s)", (m) => fmt(m.output_throughput)],
-    ["Mean TTFT (ms)", (m) => fmt(m.mean_ttft_ms)], ["P95 TTFT (ms)", (m) => fmt(m.p95_ttft_ms)],
-    ["Mean ITL (ms)", (m) => fmt(m.mean_itl_ms)], ["Mean TPOT (ms)", (m) => fmt(m.mean_tpot_ms)],
-    ["Mean E2E (ms)", (m) => fmt(m.mean_e2el_ms)], ["P95 E2E (ms)", (m) => fmt(m.p95_e2el_ms)],
-    ["Send lag P99 (ms)", (m) => fmt(m.send_lag_p99_ms)]];
-  const h = document.createElement("h3");
-  h.textContent = title;
-  const t = document.createElement("table");
-  const head = t.insertRow();
-  for (const c of ["Metric", ...cols.map((c) => c[0])]) {
-    const th = document.createElement("th"); th.textContent = c; head.appendChild(th);
-  }
-  for (const [label, f] of rows) {
-    const r = t.insertRow();
-    r.insertCell().textContent = label;
-    for (const c of cols) r.insertCell().textContent = f(c[1]);
-  }
-  const box = document.getElementById("tables");
-  box.appendChild(h); box.appendChild(t);
+for (const line of (report.comparison || {}).lines || []) {
+  node("p", line, document.getElementById("verdicts")).className = "verdict";
 }
+section("comparison", views.comparison, "comparison-tables");
+section("simulator", views.simulator, "simulator-tables");
+section("tables", views.metrics, "metric-tables");
+section("backends", views.backends, "backend-tables");
+section("slowest", views.slowest.filter((t) => t.rows.length), "slowest-tables");
+section("cost", views.cost, "cost-tables");
 const all = runs();
 const groups = ["all"];
 for (const r of all) for (const g of Object.keys(r.groups)) if (!groups.includes(g)) groups.push(g);
 for (const group of groups) {
-  const cols = all.filter((r) => r.groups[group]).map((r) => [r.label, r.groups[group]]);
-  table(group === "all" ? "All requests" : "Class " + group, cols);
   for (const metric of ["ttft", "e2e"]) {
-    plot(metric, group, all.filter((r) => r.groups[group]).map((r) => ({
-      label: r.label, metrics: r.groups[group],
-      values: ((samples[r.label] || {})[group] || {})[metric] || []})));
+    const series = all.filter((r) => r.groups[group] && ((r.cdf[group] || {})[metric] || [])
+      .length).map((r) => ({label: r.label, metrics: r.groups[group],
+                            values: r.cdf[group][metric]}));
+    if (series.length) plot(metric, group, series);
   }
 }
-document.body.dataset.rendered = String(document.querySelectorAll("svg g.curve").length);
+__CHARTS__
+document.body.dataset.charts = String(document.querySelectorAll("svg.chart").length);
 </script>
 __EXTRA__
 </body></html>
 """
 
-
-def _label(policy: str | None) -> str:
-    return policy or "target"
-
-
-def collect_samples(runs: list[RunReport]) -> Samples:
-    """CDF sample points for every run (and shadow), group and metric."""
-    out: Samples = {}
-    for run in runs:
-        sets = [(_label(run.policy), run.overall, run.by_class)]
-        if run.shadow_target is not None:
-            sets.append((_label(run.policy) + " (shadow)", run.shadow, run.shadow_by_class))
-        for label, overall, by_class in sets:
-            groups = {"all": overall, **by_class}
-            out[label] = {
-                g: {"ttft": acc.samples("ttft"), "e2e": acc.samples("e2e")}
-                for g, acc in groups.items()
-            }
-    return out
+_NAV = (
+    ("comparison", "Comparison"),
+    ("simulator", "Simulated against live"),
+    ("tables", "Per class"),
+    ("timeline", "Over the trace"),
+    ("backends", "Backends"),
+    ("slowest", "Slowest requests"),
+    ("cost", "Cost"),
+    ("cdfs", "Latency CDFs"),
+)
 
 
 def _json(doc: object) -> str:
@@ -177,24 +214,28 @@ def _json(doc: object) -> str:
     return orjson.dumps(doc).decode().replace("</", "<\\/")
 
 
-def render_html(report: Mapping[str, Any], samples: Samples, *, extra: str = "") -> str:
+def render_html(report: Mapping[str, Any], *, extra: str = "") -> str:
     """The whole page as one string; ``extra`` is more of the page (trusted markup) after
-    the plots, whose scripts may read ``report``."""
-    merged = report.get("merged_from")
-    if merged is not None:
-        summary = "Merged from " + html.escape(", ".join(map(str, merged)))
-    else:
-        summary = (
-            f"{html.escape(str(report['file']))} ({html.escape(str(report['format']))}) against "
-            f"{html.escape(str(report['target']))}, {html.escape(str(report['mode']))} mode"
-        )
+    the rest, whose scripts may read ``report`` and use ``el`` and ``COLORS``."""
+    summary = html.escape(header(report))
     if report.get("simulated"):
         summary = "Simulated in virtual time: " + summary
+    notes = []
+    if report.get("order") and len(report["runs"]) > 1:
+        notes.append("Order: " + order_text(report["order"]) + ".")
+    if report.get("prefix_caches"):
+        notes.append("Prefix caches: " + report["prefix_caches"]["handling"] + ".")
+    views = {**tables(report), "metrics": [t.to_dict() for t in metric_tables(report)]}
     values = {
         "SUMMARY": summary,
+        "ORDER": html.escape(" ".join(notes)),
+        "NAV": "".join(f'<a href="#{k}">{html.escape(v)}</a>' for k, v in _NAV),
         "REPORT": _json(report),
-        "SAMPLES": _json(samples),
+        "VIEWS": _json(views),
+        "CHARTS": CHARTS,
         "EXTRA": extra,
     }
     # one pass, so a marker inside the inserted data is never substituted again
-    return re.sub(r"__(SUMMARY|REPORT|SAMPLES|EXTRA)__", lambda m: values[m.group(1)], _PAGE)
+    return re.sub(
+        r"__(SUMMARY|ORDER|NAV|REPORT|VIEWS|CHARTS|EXTRA)__", lambda m: values[m.group(1)], _PAGE
+    )

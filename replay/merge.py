@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from replay.client import Result, request_class
-from replay.options import HelpFormatter, write_outputs
-from replay.report import RunReport, render_tables
+from replay.compare import AA_SUFFIX, annotate
+from replay.options import HelpFormatter, add_report_options, write_outputs
+from replay.report import RunReport
+from replay.tables import render_tables
+from replay.timeline import Frame, window_seconds
 from turnout.common.capture import CaptureFormatError, CaptureRecord, parse_line
 
 
@@ -46,6 +49,8 @@ def _result(rec: CaptureRecord) -> Result:
         completion_tokens=resp.completion_tokens,
         finish_reason=resp.finish_reason,
         error=resp.error,
+        attempts=route.failovers + 1 if route else None,
+        cached_tokens=resp.cached_tokens,
     )
 
 
@@ -57,10 +62,17 @@ def _records(paths: Iterable[str]) -> Iterator[tuple[str, int, CaptureRecord]]:
                     yield path, n, parse_line(line)
 
 
-def merge_runs(paths: list[str]) -> list[RunReport]:
-    """The runs of the union of ``paths``; raises ValueError on a bad line."""
+def _span(paths: list[str]) -> float:
+    """The latest send in ``paths``, seconds from the runs' start (a first pass)."""
+    return max(((rec.t_offset_ms or 0.0) / 1e3 for _, _, rec in _records(paths)), default=0.0)
+
+
+def merge_runs(paths: list[str], window_s: float | None = None) -> list[RunReport]:
+    """The runs of the union of ``paths``; raises ValueError on a bad line. Their timelines
+    are on the replay's clock, in windows ``window_s`` wide (default: fitted to it)."""
     runs: dict[str | None, RunReport] = {}  # in order of first appearance
     try:
+        frame = Frame(window_seconds(_span(paths), window_s))
         for path, n, rec in _records(paths):
             try:
                 r = _result(rec)
@@ -68,17 +80,19 @@ def merge_runs(paths: list[str]) -> list[RunReport]:
                 raise ValueError(f"{path}:{n}: {e}") from None
             run = runs.get(r.policy)
             if run is None:
-                run = runs[r.policy] = RunReport(r.policy)
-            end = ((rec.t_offset_ms or 0.0) + ((rec.obs.e2e_ms or 0.0) if rec.obs else 0.0)) / 1e3
-            run.add(r, end=end)
+                aa = (r.policy or "").endswith(AA_SUFFIX)
+                run = runs[r.policy] = RunReport(r.policy, frame=frame, aa=aa)
+            run.add(r, sent=(rec.t_offset_ms or 0.0) / 1e3)
     except CaptureFormatError as e:
         raise ValueError(str(e)) from None
     return list(runs.values())
 
 
-def merged_report(paths: list[str], runs: list[RunReport]) -> dict[str, Any]:
-    """The ``report.json`` of ``runs``, merged from ``paths``."""
-    return {
+def merged_report(
+    paths: list[str], runs: list[RunReport], prices: Mapping[str, float]
+) -> dict[str, Any]:
+    """The ``report.json`` of ``runs``, merged from ``paths``, costs at ``prices``."""
+    report = {
         "file": None,
         "format": "results",
         "merged_from": paths,
@@ -87,6 +101,7 @@ def merged_report(paths: list[str], runs: list[RunReport]) -> dict[str, Any]:
         "speed": None,
         "runs": [run.to_dict() for run in runs],
     }
+    return annotate(report, prices)
 
 
 def main(argv: list[str]) -> int:
@@ -101,13 +116,14 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--out", metavar="report.json", help="report JSON (vLLM metric names)")
     p.add_argument("--html", metavar="report.html", help="self-contained page with CDF plots")
+    add_report_options(p)
     a = p.parse_args(argv)
     try:
-        runs = merge_runs(a.results)
+        runs = merge_runs(a.results, a.window_seconds)
     except (OSError, ValueError) as e:
         print(f"replay merge: {e}", file=sys.stderr)
         return 2
-    report = merged_report(a.results, runs)
+    report = merged_report(a.results, runs, dict(a.prices))
     print(render_tables(report))
-    write_outputs(report, runs, a.out, a.html)
+    write_outputs(report, a.out, a.html)
     return 0

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from replay.html import collect_samples, render_html
+from replay.html import render_html
 from replay.plan import Plan, PlanOptions, dry_run
 from replay.replayer import dumps_report
-from replay.report import RunReport, failed_runs
 from replay.sources import FORMATS, SESSION_MODES, Source
+from replay.tables import failed_runs
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -71,6 +71,43 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+def price(text: str) -> tuple[str, float]:
+    """``BACKEND=USD_PER_HOUR``."""
+    name, sep, usd = text.partition("=")
+    try:
+        value = float(usd)
+    except ValueError:
+        value = -1.0
+    if not sep or not name or not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected BACKEND=USD_PER_HOUR, got {text!r}")
+    return name, value
+
+
+def add_report_options(p: argparse.ArgumentParser) -> None:
+    """``--window-seconds`` and ``--price``: how the report reads the runs over time and
+    prices them (also ``replay merge``'s)."""
+    p.add_argument(
+        "--window-seconds",
+        type=positive(float),
+        metavar="S",
+        help="the timeline's windows, seconds of the trace (default: fitted to its length)",
+    )
+    add_price_option(p)
+
+
+def add_price_option(p: argparse.ArgumentParser) -> None:
+    """``--price BACKEND=USD``, repeatable (also ``replay compare``'s)."""
+    p.add_argument(
+        "--price",
+        type=price,
+        action="append",
+        default=[],
+        dest="prices",
+        metavar="BACKEND=USD",
+        help="what a backend costs an hour, over the router config's pricing (repeatable)",
+    )
+
+
 def add_common_options(p: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
     """The file, policies, schedule, sessions, outputs, ``--dry-run`` and ``--no-progress``.
 
@@ -111,6 +148,7 @@ def add_common_options(p: argparse.ArgumentParser) -> argparse._MutuallyExclusiv
         help="conversations: rows naming a session (auto), also Mooncake rows extending an "
         "earlier prompt (infer), or none (off)",
     )
+    add_report_options(p)
     p.add_argument("--out", metavar="report.json", help="report JSON (vLLM metric names)")
     p.add_argument("--results", metavar="results.jsonl", help="one capture line per request")
     p.add_argument("--html", metavar="report.html", help="self-contained page with CDF plots")
@@ -153,12 +191,7 @@ def print_plan(a: argparse.Namespace, model: str, concurrency: int | None = None
 
 
 def write_outputs(
-    report: dict[str, Any],
-    runs: list[RunReport],
-    out: str | None,
-    page: str | None,
-    *,
-    extra: str = "",
+    report: dict[str, Any], out: str | None, page: str | None, *, extra: str = ""
 ) -> None:
     """``--out`` (the report JSON) and ``--html`` (the page, ``extra`` markup added)."""
     for path in (out, page):
@@ -167,7 +200,7 @@ def write_outputs(
     if out:
         Path(out).write_bytes(dumps_report(report))
     if page:
-        text = render_html(report, collect_samples(runs), extra=extra)
+        text = render_html(report, extra=extra)
         Path(page).write_text(text, encoding="utf-8")
 
 

@@ -12,13 +12,15 @@ and reporting that none succeeded:
   engine has no policies, so ``--policy`` cannot mean anything there. A shadow target may be
   one; it is checked only when it does list policies.
 
-Both are GETs outside the request path: nothing is routed, metered or captured.
+Both are GETs outside the request path: nothing is routed, metered or captured. So are the
+reads of :func:`target_terms`: the SLOs goodput is judged by, and what each backend costs.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -154,3 +156,53 @@ def _message(doc: Any) -> str:
     err = doc.get("error") if isinstance(doc, dict) else None
     said = err.get("message") if isinstance(err, dict) else None
     return said[:_MAX_MESSAGE] if isinstance(said, str) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """What a Turnout router says its requests are judged by and what its backends cost."""
+
+    slo: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Class -> (TTFT s, TPOT s): the default policy's, the yardstick of every policy."""
+    pricing: dict[str, float] = field(default_factory=dict)
+    """Backend -> USD an hour (the config's ``pricing``)."""
+    note: str | None = None
+    """Why the prices could not be read, when they could not."""
+
+
+async def target_terms(session: aiohttp.ClientSession, target: str, *, keyed: bool) -> Terms:
+    """The SLOs of ``/turnout/policies`` and the prices of ``/turnout/backends`` (an admin
+    endpoint: without an admin key the prices are not read, and :attr:`Terms.note` says
+    so); nothing from a target that is not a Turnout router."""
+    base = target.rstrip("/")
+    status, doc = await _get(session, base, "/turnout/policies", keyed)
+    slo = _slo(doc) if status == 200 else {}
+    try:
+        status, doc = await _get(session, base, "/turnout/backends", keyed)
+    except TargetError as e:  # refused: not an admin
+        return Terms(slo, {}, f"no prices from the target ({e}): give --price BACKEND=USD")
+    pricing = {}
+    for b in doc if status == 200 and isinstance(doc, list) else ():
+        name, usd = (b.get("name"), b.get("usd_per_hour")) if isinstance(b, dict) else (0, 0)
+        if isinstance(name, str) and isinstance(usd, int | float) and not isinstance(usd, bool):
+            pricing[name] = float(usd)
+    return Terms(slo, pricing)
+
+
+def _slo(doc: Any) -> dict[str, tuple[float, float]]:
+    """The default policy's SLO table (else the first policy's that has one)."""
+    entries = [p for p in doc if isinstance(p, dict)] if isinstance(doc, list) else []
+    entries.sort(key=lambda p: p.get("default") is not True)
+    for p in entries:
+        table = p.get("slo")
+        if isinstance(table, dict) and table:
+            out = {}
+            for cls, t in table.items():
+                if isinstance(t, dict) and all(_number(t.get(k)) for k in ("ttft_s", "tpot_s")):
+                    out[str(cls)] = (float(t["ttft_s"]), float(t["tpot_s"]))
+            return out
+    return {}
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v

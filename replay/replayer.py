@@ -3,16 +3,18 @@
 Wires the pieces: :class:`~replay.sources.Source` -> :class:`~replay.plan.Plan` ->
 :class:`~replay.runner.Runner` -> :class:`~replay.client.Client` -> ``RunReport`` (and the
 ``--results`` file), after :func:`~replay.preflight.check_target` found the target ready.
-The progress line and the prompt synthesizer's calibration live here.
+Two runs or more replay the schedule in interleaved stretches after a warm-up
+(:mod:`replay.order`). The progress line and the prompt synthesizer's calibration live here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -20,13 +22,25 @@ import aiohttp
 import orjson
 
 from replay.client import Client, Result, encode_body
-from replay.plan import Plan, PlanOptions, dry_run
-from replay.preflight import check_target
+from replay.compare import AA_SUFFIX
+from replay.order import (
+    WARMUP,
+    Stretch,
+    default_warmup,
+    describe,
+    prefix_caches,
+    stretches,
+    within,
+)
+from replay.plan import Plan, Planned, PlanOptions, dry_run
+from replay.preflight import check_target, target_terms
+from replay.progress import Progress
 from replay.report import RunReport
 from replay.runner import Runner
 from replay.sessions import Conversations
 from replay.sources import Format, Item, SessionMode, Source
-from replay.synth import Calibration, PromptSynth, calibrate
+from replay.synth import Calibration, PromptSynth, calibrate, salted
+from replay.timeline import Frame, window_seconds
 from turnout.common.capture import CaptureRecord, Observed, Response, Route, dump_line, iso_utc
 
 _TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
@@ -50,6 +64,16 @@ class ReplayOptions:
     progress: bool = False
     sessions: SessionMode = "auto"
     api_key: str | None = field(default=None, repr=False)
+    aa: bool = False
+    """Run the first policy once more, for the comparison's noise floor."""
+    blocks: int | None = None
+    """Stretches the schedule is cut into for two runs or more (None: as many as runs)."""
+    warmup_s: float | None = None
+    """Seconds of the trace replayed once per policy first, not measured (None: a tenth)."""
+    window_s: float | None = None
+    """The timeline's windows, seconds of the trace (None: fitted to the trace's length)."""
+    prices: Mapping[str, float] = field(default_factory=dict)
+    """Backend -> USD an hour (``--price``), over what the target's config says."""
 
 
 def _stderr(msg: str) -> None:
@@ -84,11 +108,6 @@ async def target_calibration(session: aiohttp.ClientSession, target: str) -> Cal
         return Calibration()
 
 
-def _end(sent_at: float, r: Result) -> float:
-    """When ``r`` ended, in seconds from the run's start (as its results line tells it)."""
-    return sent_at + (r.e2e or 0.0)
-
-
 def result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
     rec = item.record
     return dump_line(
@@ -99,9 +118,15 @@ def result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
             t_offset_ms=None if sent_at is None else sent_at * 1000.0,
             ts=iso_utc(time.time()),
             headers=rec.headers,
-            route=Route(r.policy, r.request_class, r.backend, 0),
+            route=Route(r.policy, r.request_class, r.backend, max((r.attempts or 1) - 1, 0)),
             resp=Response(
-                r.status, r.stream, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.error
+                r.status,
+                r.stream,
+                r.finish_reason,
+                r.prompt_tokens,
+                r.completion_tokens,
+                r.error,
+                r.cached_tokens,
             ),
             obs=Observed(
                 None if r.ttft is None else r.ttft * 1000.0,
@@ -114,55 +139,69 @@ def result_line(item: Item, r: Result, sent_at: float | None) -> bytes:
     )
 
 
-class Progress:
-    """``sent / done / failed, elapsed / planned`` on one rewritten terminal line.
+@dataclass(slots=True)
+class _Run:
+    """One run's state, kept across its stretches of the schedule."""
 
-    ``planned`` is the schedule's length in seconds (open loop) or its request count (closed
-    loop, where time is not planned).
-    """
-
-    def __init__(self, runner: Runner, report: RunReport, planned: str, label: str) -> None:
-        self._runner = runner
-        self._report = report
-        self._planned = planned
-        self._label = label
-
-    def line(self, now: float) -> str:
-        """The current progress text."""
-        r = self._runner
-        failed = self._report.overall.failed
-        return (
-            f"[{self._label}] sent {r.sent}  done {r.done}  failed {failed}  "
-            f"elapsed {now - r.start:6.1f}s / planned {self._planned}"
-        )
-
-    async def run(self, out: IO[str], clock: Callable[[], float]) -> None:
-        """Redraw every half second until cancelled."""
-        try:
-            while True:
-                out.write("\r" + self.line(clock()))
-                out.flush()
-                await asyncio.sleep(0.5)
-        finally:
-            out.write("\r" + self.line(clock()) + "\n")
-            out.flush()
+    label: str | None
+    policy: str | None
+    report: RunReport
+    synth: PromptSynth
+    conversations: Conversations
 
 
 class Replayer:
-    """Runs the file once per policy; :meth:`run` returns one ``RunReport`` per policy."""
+    """Runs the file once per policy (and once more for ``--aa``); :meth:`run` returns one
+    ``RunReport`` per run, in the order of :attr:`labels`."""
 
     def __init__(self, opts: ReplayOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.opts = opts
         self.clock = clock
         self.format: Format | None = opts.format
+        policies = list(opts.policies)
+        self.labels: list[str | None] = list(policies)
+        if opts.aa:
+            policies.append(policies[0])
+            self.labels.append((policies[0] or "target") + AA_SUFFIX)
+        self._policies = policies
+        self.order: list[Stretch] = []
+        self.frame = Frame()
+        self.span = 0.0
+        self.lead = 0.0
+        """Seconds of the schedule replayed, not measured, before each block after the first."""
+        self.prompts = {"synthesized": 0, "marked": 0, "as_recorded": 0}
+        """How the first run's prompts were sent (see :func:`prefix_caches`)."""
+        self._first: RunReport | None = None
+        self.slo: dict[str, tuple[float, float]] = {}
+        """Each class's SLO (TTFT s, TPOT s), as the target judges goodput."""
+        self.pricing: dict[str, float] = {}
+        """Backend -> USD an hour: the target's, and ``--price``."""
 
     def _source(self, model: str) -> Source:
         src = Source(self.opts.file, self.opts.format, model=model, sessions=self.opts.sessions)
         self.format = src.format
         return src
 
+    def _plan(self, span: float) -> None:
+        """The order of the runs' stretches (see :mod:`replay.order`) and the frame they are
+        measured in, for a schedule ``span`` long (seconds, or requests in closed loop)."""
+        o = self.opts
+        speed = 1.0 if o.concurrency else o.plan.speed
+        runs = len(self._policies)
+        if runs == 1:
+            self.order = [Stretch(0, 0, 0.0, math.inf)]
+        else:
+            blocks = o.blocks or runs
+            warm = default_warmup(span) if o.warmup_s is None else o.warmup_s / speed
+            first = {p: i for i, p in reversed(list(enumerate(self._policies)))}
+            self.order = stretches(runs, blocks, span, warmup_s=warm, warm=sorted(first.values()))
+            self.lead = warm
+        # a closed loop plans no times: its windows are as asked, else 10 s of the replay
+        window = (o.window_s or 10.0) if o.concurrency else window_seconds(span * speed, o.window_s)
+        self.frame = Frame(window, speed, self.slo)
+
     async def run(self) -> list[RunReport]:
-        """Every policy's run, one after another, over the same traffic."""
+        """Every run's stretches in :attr:`order`, over the same traffic."""
         o = self.opts
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
         auth = {"authorization": f"Bearer {o.api_key}"} if o.api_key else None
@@ -176,7 +215,20 @@ class Replayer:
                 await check_target(session, o.shadow_target, named, keyed=keyed, router=False)
             # imported traces ask for the target's first listed model
             model = o.model or (models[0] if models else "default")
+            terms = await target_terms(session, o.target, keyed=keyed)
+            if terms.note and not o.prices:
+                _stderr(f"replay: {terms.note}")
+            self.slo = terms.slo
+            self.pricing = {**terms.pricing, **o.prices}
             calibration = await target_calibration(session, o.target)
+            stats = dry_run(Plan(self._source(model), o.plan))
+            self.span = float(stats.requests) if o.concurrency else stats.duration
+            self._plan(self.span)
+            runs = [
+                self._run_state(label, policy, PromptSynth(calibration, salt=n), n)
+                for n, (label, policy) in enumerate(zip(self.labels, self._policies, strict=True))
+            ]
+            self._first = runs[0].report
             with contextlib.ExitStack() as files:
                 results = files.enter_context(open(o.results, "wb")) if o.results else None
                 shadow_results = (
@@ -184,44 +236,66 @@ class Replayer:
                     if o.shadow_results and o.shadow_target
                     else None
                 )
-                return [
-                    await self._run_one(
-                        session, model, calibration, n, policy, results, shadow_results
-                    )
-                    for n, policy in enumerate(o.policies)
-                ]
+                for k, stretch in enumerate(self.order):
+                    run = runs[stretch.run]
+                    sinks = results, shadow_results
+                    if stretch.block == WARMUP:  # its own salt and sessions, not reported
+                        synth = PromptSynth(calibration, salt=len(runs) + stretch.run)
+                        name = f"{run.label or 'target'} warm-up"
+                        run = self._run_state(name, run.policy, synth, -1)
+                        sinks = None, None
+                    await self._stretch(session, model, run, stretch, *sinks, first=k == 0)
+            return [run.report for run in runs]
 
-    async def _run_one(
+    def _run_state(self, label: str | None, policy: str | None, synth: PromptSynth, n: int) -> _Run:
+        aa = self.opts.aa and n == len(self._policies) - 1
+        report = RunReport(label, shadow_target=self.opts.shadow_target, frame=self.frame, aa=aa)
+        return _Run(label, policy, report, synth, Conversations(synth))
+
+    async def _stretch(
         self,
         session: aiohttp.ClientSession,
         model: str,
-        calibration: Calibration,
-        index: int,
-        policy: str | None,
+        run: _Run,
+        stretch: Stretch,
         results: IO[bytes] | None,
         shadow_results: IO[bytes] | None,
-    ) -> RunReport:
+        *,
+        first: bool,
+    ) -> None:
+        """Replay ``stretch`` of the schedule as ``run``, from an idle target to its last
+        answer."""
         o = self.opts
-        # one salt per run: no run finds the previous run's prompts in a prefix cache
-        synth = PromptSynth(calibration, salt=index)
-        report = RunReport(policy, shadow_target=o.shadow_target)
-        client = Client(session, o.target, policy=policy, clock=self.clock)
+        synth, report, conversations = run.synth, run.report, run.conversations
+        client = Client(session, o.target, policy=run.policy, clock=self.clock)
         shadow = (
-            Client(session, o.shadow_target, policy=policy, clock=self.clock)
+            Client(session, o.shadow_target, policy=run.policy, clock=self.clock)
             if o.shadow_target
             else None
         )
-        source = self._source(model)
-        conversations = Conversations(synth)
+        # on the whole schedule's clock: the stretch starts where it is in the schedule
+        # After the first block, the stretch begins ``lead`` seconds early, not measured: the
+        # engines start the block as loaded as one run would have them (see replay.order).
+        lead = self.lead if stretch.block > 0 and not o.concurrency else 0.0
+        base = 0.0 if o.concurrency else stretch.lo - lead
+        leading: set[int] = set()  # the rows sent as the lead-in
         runner: Runner
+
+        salt = len(self._policies) > 1  # runs would share recorded prompts' text
+        counts = self.prompts if run.report is self._first else None
 
         def prepare(item: Item) -> bytes:
             rec = item.record
-            body = (
-                rec.body
-                if item.synth is None
-                else synth.body(rec.body, item.synth, rec.custom_id, rec.url)
-            )
+            body: Mapping[str, Any] = rec.body
+            how = "as_recorded"
+            if item.synth is not None:
+                body, how = synth.body(rec.body, item.synth, rec.custom_id, rec.url), "synthesized"
+            elif salt and item.session is None:  # a turn's history must match the last turn's
+                marked = salted(rec.body, synth.salt)
+                if marked is not None:
+                    body, how = marked, "marked"
+            if counts is not None and item.row not in leading:
+                counts[how] += 1
             return encode_body(body, rec.url)
 
         async def send(item: Item, body: bytes, lag: float | None) -> None:
@@ -238,8 +312,10 @@ class Replayer:
 
         async def send_now(item: Item, body: bytes, lag: float | None) -> Result:
             rec = item.record
-            sent_at = self.clock() - runner.start
+            sent_at = self.clock() - runner.start + base
             keep = item.session is not None  # the answer goes into the next turn's prompt
+            if item.row in leading:
+                return await client.send(rec, body, lag)
             if shadow is None:
                 r = await client.send(rec, body, lag, keep_text=keep)
             else:
@@ -248,52 +324,77 @@ class Replayer:
                     client.send(rec, body, lag, keep_text=det or keep),
                     shadow.send(rec, body, lag, keep_text=det),
                 )
-                report.add_shadow(r, s, deterministic=det, end=_end(sent_at, s))
+                if report.aa:
+                    s.policy = run.label
+                report.add_shadow(r, s, deterministic=det, sent=sent_at)
                 if shadow_results is not None:
                     shadow_results.write(result_line(item, s, sent_at))
-            report.add(r, end=_end(sent_at, r))
+            if report.aa:  # in the results, the A/A run's requests are told apart by its name
+                r.policy = run.label
+            report.add(r, sent=sent_at)
             if results is not None:
                 results.write(result_line(item, r, sent_at))
             return r
 
         runner = Runner(prepare, send, clock=self.clock)
+        source = self._source(model)
+        plan = Plan(source, o.plan)
+
+        def stretched() -> Iterator[Planned]:
+            for p in within(plan, stretch.lo - lead, stretch.hi, by_index=bool(o.concurrency)):
+                if p.at < lead:
+                    if p.item.session is not None:  # its turn is the previous block's
+                        continue
+                    leading.add(p.item.row)
+                yield p
+
         progress_task = None
         if o.progress:
-            stats = dry_run(Plan(self._source(model), o.plan))
-            planned = f"{stats.requests} requests" if o.concurrency else f"{stats.duration:.1f}s"
-            prog = Progress(runner, report, planned, policy or "target")
+            length = min(stretch.hi, self.span) - stretch.lo + lead
+            planned = f"{length:.0f} requests" if o.concurrency else f"{length:.1f}s"
+            where = "" if len(self.order) == 1 else self._where(stretch)
+            prog = Progress(runner, report, planned, (run.label or "target") + where)
             progress_task = asyncio.create_task(prog.run(sys.stdout, self.clock))
-        plan = Plan(source, o.plan)
         try:
             # The report's durations come from each answer's end (see RunReport), not from
             # the runner's timing, which also waits for the shadow's answers.
             if o.concurrency:
-                await runner.closed_loop(plan, o.concurrency)
+                await runner.closed_loop(stretched(), o.concurrency)
             else:
-                await runner.open_loop(plan)
+                await runner.open_loop(stretched())
         finally:
             if progress_task is not None:
                 progress_task.cancel()
                 await asyncio.gather(progress_task, return_exceptions=True)
-        if index == 0:  # the file is the same for every run: tell once
+        if first:  # the file is the same for every stretch: tell once
             for err in source.errors:
                 _stderr(f"replay: skipped {err}")
             if source.skipped > len(source.errors):
                 _stderr(f"replay: skipped {source.skipped} rows in all")
             if plan.out_of_order:
                 _stderr(f"replay: {plan.out_of_order} rows were out of order in the file")
-        return report
+
+    def _where(self, stretch: Stretch) -> str:
+        if stretch.block == WARMUP:
+            return ""
+        blocks = max(s.block for s in self.order) + 1
+        return f", block {stretch.block + 1}/{blocks}"
 
 
-def build_report(opts: ReplayOptions, fmt: str | None, runs: list[RunReport]) -> dict[str, Any]:
-    """``report.json`` as INTERFACES.md describes it."""
+def build_report(replayer: Replayer, runs: list[RunReport]) -> dict[str, Any]:
+    """``report.json`` (see docs/replay.md), before :func:`replay.compare.annotate`."""
+    o = replayer.opts
     return {
-        "file": opts.file,
-        "format": fmt,
-        "target": opts.target,
-        "mode": "closed" if opts.concurrency else "timed",
-        "speed": opts.plan.speed,
-        "concurrency": opts.concurrency,
+        "file": o.file,
+        "format": replayer.format,
+        "target": o.target,
+        "mode": "closed" if o.concurrency else "timed",
+        "speed": o.plan.speed,
+        "concurrency": o.concurrency,
+        "window": list(o.plan.window) if o.plan.window else None,
+        "slo": {c: {"ttft_s": t, "tpot_s": p} for c, (t, p) in sorted(replayer.slo.items())},
+        "order": describe([r.policy or "target" for r in runs], replayer.order, o.plan.speed),
+        "prefix_caches": prefix_caches(replayer.prompts, len(runs)),
         "runs": [r.to_dict() for r in runs],
     }
 

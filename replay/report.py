@@ -1,7 +1,8 @@
-"""Summaries with vLLM's benchmark metric names, the report JSON and the terminal table.
+"""Summaries with vLLM's benchmark metric names, and each run's entry in the report JSON.
 
 Per-request figures go into :class:`~replay.stats.Column` objects (bounded memory, exact
-percentiles up to 20,000 values a column), never into a list of result objects.
+percentiles up to 20,000 values a column) and a bounded pairing table
+(:class:`~replay.pairs.Requests`), never into a list of result objects.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from replay.client import Result
+from replay.cost import Backends
+from replay.pairs import Requests
 from replay.stats import Column
+from replay.timeline import Frame, Timeline
 
 Metrics = dict[str, float | int | None]
 REASONS = 16
 """Distinct failure reasons a run tells apart; later ones are counted as one (bounded)."""
 _REASON_CHARS = 160
-SHOWN_REASONS = 3
-"""Reasons the terminal summary names per run (the report JSON has them all)."""
 
 
 class Acc:
@@ -92,7 +94,7 @@ class Acc:
     def samples(self, name: str, points: int = 200) -> list[float]:
         """Up to ``points`` evenly spaced order statistics of a latency column, in ms (CDFs)."""
         column: Column = getattr(self, name)
-        return [v * 1000.0 for v in column.spread(points)]
+        return [round(v * 1000.0, 3) for v in column.spread(points)]
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -173,19 +175,37 @@ class Agreement:
 class RunReport:
     """Collects one run (one policy) and, with ``--shadow-target``, its shadow.
 
-    A target's duration runs from the run's start to that target's last answer: ``end``, the
-    seconds from the run's start to the end of each request, is given with every result (the
+    A target's duration runs from the run's start to that target's last answer: ``sent``,
+    the seconds from the run's start to each request's send, is given with every result (the
     replayer measures it, ``replay merge`` reads it from the results lines, so both compute
-    the same figures). A slow shadow therefore does not stretch the primary's duration, nor
-    lower its throughput. Without any ``end``, :attr:`duration` is used as it was set.
+    the same figures), and the request ended its E2E later. A slow shadow therefore does not
+    stretch the primary's duration, nor lower its throughput. Without any ``sent``,
+    :attr:`duration` is used as it was set.
+
+    Besides the summaries the run keeps its requests' figures for pairing with another run
+    (:mod:`replay.pairs`), its timeline and slowest requests (:mod:`replay.timeline`) and
+    what each backend did (:mod:`replay.cost`). ``aa`` marks the second run of the first
+    policy that ``--aa`` adds (see :mod:`replay.compare`).
     """
 
-    def __init__(self, policy: str | None, *, shadow_target: str | None = None) -> None:
+    def __init__(
+        self,
+        policy: str | None,
+        *,
+        shadow_target: str | None = None,
+        frame: Frame | None = None,
+        aa: bool = False,
+    ) -> None:
         self.policy = policy
+        self.aa = aa
         self.overall = Acc()
         self.failures = Failures()
         self.by_class: dict[str, Acc] = {}
-        self.by_backend: dict[str, int] = {}
+        self.backends = Backends()
+        self.requests = Requests()
+        self.timeline = Timeline(frame or Frame())
+        self.good: dict[str, list[int]] = {}
+        """Per class with an SLO: requests that met it, requests judged."""
         self.shadow_target = shadow_target
         self.shadow = Acc()
         self.shadow_by_class: dict[str, Acc] = {}
@@ -193,23 +213,30 @@ class RunReport:
         self.duration = 0.0
         self.shadow_duration = 0.0
 
-    def add(self, r: Result, *, end: float | None = None) -> None:
-        """Account for one primary result that ended ``end`` seconds into the run."""
-        if end is not None:
-            self.duration = max(self.duration, end)
+    def add(self, r: Result, *, sent: float | None = None) -> None:
+        """Account for one primary result, sent ``sent`` seconds into the run."""
+        at = 0.0 if sent is None else sent
+        if sent is not None:
+            self.duration = max(self.duration, sent + (r.e2e or 0.0))
         self.overall.add(r)
         if not r.ok:
             self.failures.add(r)
         self.by_class.setdefault(r.request_class, Acc()).add(r)
-        key = r.backend or "none"
-        self.by_backend[key] = self.by_backend.get(key, 0) + 1
+        self.backends.add(r, at)
+        good = self.timeline.good(r)
+        if good is not None:
+            tally = self.good.setdefault(r.request_class, [0, 0])
+            tally[0] += good
+            tally[1] += 1
+        self.requests.add(r, good)
+        self.timeline.add(r, at)
 
     def add_shadow(
-        self, primary: Result, shadow: Result, *, deterministic: bool, end: float | None = None
+        self, primary: Result, shadow: Result, *, deterministic: bool, sent: float | None = None
     ) -> None:
-        """Account for the shadow target's answer to the same request (ended at ``end``)."""
-        if end is not None:
-            self.shadow_duration = max(self.shadow_duration, end)
+        """Account for the shadow target's answer to the same request (sent at ``sent``)."""
+        if sent is not None:
+            self.shadow_duration = max(self.shadow_duration, sent + (shadow.e2e or 0.0))
         self.shadow.add(shadow)
         self.shadow_by_class.setdefault(primary.request_class, Acc()).add(shadow)
         self.agreement.add(primary, shadow, deterministic=deterministic)
@@ -217,12 +244,22 @@ class RunReport:
     def to_dict(self) -> dict[str, Any]:
         """The run's entry in ``report.json``."""
         d = max(self.duration, 1e-9)
+        good, judged = (sum(t[k] for t in self.good.values()) for k in (0, 1))
+        by_class = {}
+        for k, v in sorted(self.by_class.items()):
+            met, of = self.good.get(k, (0, 0))
+            by_class[k] = {**v.metrics(d), "goodput": met / of if of else None}
         run: dict[str, Any] = {
             "policy": self.policy,
-            "overall": self.overall.metrics(d),
-            "by_class": {k: v.metrics(d) for k, v in sorted(self.by_class.items())},
-            "by_backend": {k: {"requests": n} for k, n in sorted(self.by_backend.items())},
+            "aa": self.aa,
+            "overall": {**self.overall.metrics(d), "goodput": good / judged if judged else None},
+            "by_class": by_class,
+            "by_backend": self.backends.to_dict(),
             "failures": self.failures.to_list(),
+            "timeline": self.timeline.to_dict(d),
+            "slowest": self.timeline.slowest(),
+            "requests": self.requests.to_dict(),
+            "cdf": _cdf(self.overall, self.by_class),
         }
         if self.shadow_target is not None:
             sd = max(self.shadow_duration, 1e-9) if self.shadow_duration else d
@@ -231,112 +268,14 @@ class RunReport:
                 "overall": self.shadow.metrics(sd),
                 "by_class": {k: v.metrics(sd) for k, v in sorted(self.shadow_by_class.items())},
                 "agreement": self.agreement.to_dict(),
+                "cdf": _cdf(self.shadow, self.shadow_by_class),
             }
         return run
 
 
-# (row label, metric key, scale, format) in the order of the public B200 table
-_ROWS: tuple[tuple[str, str, float, str], ...] = (
-    ("Output throughput (tokens/s)", "output_throughput", 1.0, "{:,.2f}"),
-    ("Mean TTFT (s)", "mean_ttft_ms", 0.001, "{:,.3f}"),
-    ("P95 TTFT (s)", "p95_ttft_ms", 0.001, "{:,.3f}"),
-    ("Mean inter-token latency (ms)", "mean_itl_ms", 1.0, "{:,.2f}"),
-    ("Mean TPOT (ms)", "mean_tpot_ms", 1.0, "{:,.2f}"),
-    ("Mean end-to-end latency (s)", "mean_e2el_ms", 0.001, "{:,.3f}"),
-    ("P95 end-to-end latency (s)", "p95_e2el_ms", 0.001, "{:,.3f}"),
-    ("Send lag P99 (ms)", "send_lag_p99_ms", 1.0, "{:,.2f}"),
-)
-
-
-def _cell(m: Mapping[str, Any], key: str, scale: float, fmt: str) -> str:
-    v = m.get(key)
-    return "-" if v is None else fmt.format(v * scale)
-
-
-def _table(title: str, columns: list[tuple[str, Mapping[str, Any]]]) -> str:
-    rows = [["Metric", *(name for name, _ in columns)]]
-    ok = [f"{m['completed']} / {m['completed'] + m['failed']}" for _, m in columns]
-    rows.append(["Successful requests", *ok])
-    for label, key, scale, fmt in _ROWS:
-        rows.append([label, *(_cell(m, key, scale, fmt) for _, m in columns)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-
-    def line(r: list[str]) -> str:
-        cells = [r[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
-        ]
-        return "| " + " | ".join(cells) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([title, line(rows[0]), sep, *(line(r) for r in rows[1:])])
-
-
-def _label(run: Mapping[str, Any]) -> str:
-    return str(run.get("policy") or "target")
-
-
-def _scope(report: Mapping[str, Any]) -> str:
-    """What the overall table covers: the mode and target, or the merged files."""
-    merged = report.get("merged_from")
-    if merged is not None:
-        return f"merged from {len(merged)} results file{'' if len(merged) == 1 else 's'}"
-    return ", ".join(str(report[k]) for k in ("mode", "target") if report.get(k) is not None)
-
-
-def render_tables(report: Mapping[str, Any]) -> str:
-    """The terminal report: overall table, one table per class, shadow agreement lines."""
-    runs = report["runs"]
-    cols: list[tuple[str, Mapping[str, Any]]] = []
-    for run in runs:
-        cols.append((_label(run), run["overall"]))
-        if "shadow" in run:
-            cols.append((_label(run) + " (shadow)", run["shadow"]["overall"]))
-    out = [_table(f"All requests ({_scope(report)})", cols)]
-    classes = sorted({c for run in runs for c in run["by_class"]})
-    for cls in classes:
-        cols = []
-        for run in runs:
-            if cls in run["by_class"]:
-                cols.append((_label(run), run["by_class"][cls]))
-            if cls in run.get("shadow", {}).get("by_class", {}):
-                cols.append((_label(run) + " (shadow)", run["shadow"]["by_class"][cls]))
-        out.append(_table(f"Class {cls}", cols))
-    for run in runs:
-        if "shadow" in run:
-            a = run["shadow"]["agreement"]
-            text = "n/a" if a["text"] is None else f"{a['text']:.1%} of {a['text_compared']}"
-            out.append(
-                f"Shadow agreement ({_label(run)} vs {run['shadow']['target']}, "
-                f"{a['compared']} pairs): status {a['status']:.1%}, finish_reason "
-                f"{a['finish_reason']:.1%}, output tokens {a['output_tokens']:.1%}, "
-                f"text at temperature 0 {text}"
-            )
-    out.extend(_failure_summary(run) for run in runs if run["overall"]["failed"])
-    return "\n\n".join(out)
-
-
-def _failure_summary(run: Mapping[str, Any]) -> str:
-    """``POLICY: F of N requests failed`` and the most frequent reasons with their counts."""
-    m = run["overall"]
-    lines = [f"{_label(run)}: {m['failed']} of {m['completed'] + m['failed']} requests failed"]
-    reasons = run.get("failures", [])
-    for entry in reasons[:SHOWN_REASONS]:
-        status = entry["status"]
-        said = " ".join(
-            part for part in (f"HTTP {status}" if status else "", entry["reason"]) if part
-        )
-        lines.append(f"  {entry['count']:>6}  {said or 'no HTTP answer'}")
-    rest = reasons[SHOWN_REASONS:]
-    if rest:
-        n = sum(e["count"] for e in rest)
-        lines.append(f"  {n:>6}  other reasons")
-    return "\n".join(lines)
-
-
-def failed_runs(report: Mapping[str, Any]) -> list[str]:
-    """The runs in which every request failed (a run with no requests has not failed)."""
-    return [
-        _label(run)
-        for run in report["runs"]
-        if run["overall"]["completed"] == 0 and run["overall"]["failed"] > 0
-    ]
+def _cdf(overall: Acc, by_class: Mapping[str, Acc]) -> dict[str, dict[str, list[float]]]:
+    """The HTML page's CDF points: per group ("all", each class), TTFT and E2E in ms."""
+    groups = {"all": overall, **by_class}
+    return {
+        g: {"ttft": acc.samples("ttft"), "e2e": acc.samples("e2e")} for g, acc in groups.items()
+    }

@@ -214,3 +214,30 @@ class PromptSynth:
         Responses API request, which takes the same message list)."""
         key = "input" if url == RESPONSES_URL else "messages"
         return {**base, key: self.messages(synth, seed)}
+
+
+def salted(body: Mapping[str, Any], salt: int) -> Mapping[str, Any] | None:
+    """``body`` with its prompt's first text begun by a mark of ``salt``, or None when the
+    prompt has no text to mark (token ids). A recorded prompt so marked shares no prefix
+    with another salt's (another run's, in an engine's prefix cache), while the requests of
+    one run still share what they shared: the mark is the same at the start of each."""
+    marked = _marked(body, f"(run {salt}) ", ("messages", "input", "prompt"))
+    return marked if isinstance(marked, dict) else None
+
+
+def _marked(item: object, mark: str, keys: tuple[str, ...] = ("content", "text")) -> object:
+    """``item`` (a body, a message, a content part, or a string) with ``mark`` before its
+    first text, found under the first of ``keys`` it has; None when it has none."""
+    if isinstance(item, str):
+        return mark + item
+    if not isinstance(item, dict):
+        return None
+    for key in keys:
+        value = item.get(key)
+        if isinstance(value, str):
+            return {**item, key: mark + value}
+        if isinstance(value, list) and value:
+            first = _marked(value[0], mark)
+            if first is not None:
+                return {**item, key: [first, *value[1:]]}
+    return None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from replay.client import Result
+from replay.compare import annotate
 from replay.options import (
     HelpFormatter,
     add_common_options,
@@ -30,15 +31,18 @@ from replay.options import (
 from replay.plan import Plan, Planned, dry_run
 from replay.preflight import unknown_policies
 from replay.replayer import result_line
-from replay.report import RunReport, render_tables
+from replay.report import RunReport
 from replay.simulate.loop import Simulation
 from replay.simulate.pareto import pareto_points, render_pareto
 from replay.simulate.sweep import Setting, apply, grid, label, parse_set
 from replay.simulate.world import World
 from replay.sources import Item, Source, SourceError, detect_format
+from replay.tables import render_tables
+from replay.timeline import Frame, window_seconds
 from router.cli import default_config_path
 from router.config.model import ConfigError, RouterConfig
 from router.config.parse import load_document, parse_config
+from router.control.slo import slo_table
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -106,6 +110,8 @@ class Simulator:
         self.meta: list[dict[str, Any]] = []
         self.lo, self.hi = 0.0, None
         self.skipped: list[str] = []
+        self.frame: Frame | None = None
+        self.pricing = {**config.pricing, **dict(a.prices)}
 
     def _source(self, model: str) -> Source:
         src = Source(self.a.file, self.a.format, model=model, sessions=self.a.sessions)
@@ -146,11 +152,11 @@ class Simulator:
         if self.a.time_shard is not None and not self.runs:
             self.shard_bounds(world.model())
         name = label(policy, setting)
-        report = RunReport(name)
+        report = RunReport(name, frame=self._frame(world))
         lo = self.lo
 
         def on_result(item: Item, r: Result, sent: float) -> None:
-            report.add(r, end=sent - lo + (r.e2e or 0.0))
+            report.add(r, sent=sent - lo)
             if results is not None:
                 results.write(result_line(item, r, sent))
 
@@ -175,6 +181,21 @@ class Simulator:
                 [f"{source.skipped} rows in all"] if source.skipped > len(source.errors) else []
             )
 
+    def _frame(self, world: World) -> Frame:
+        """The first run's windows and SLOs, for every run: one yardstick for all."""
+        if self.frame is None:
+            span = self.hi - self.lo if self.hi is not None else None
+            if span is None:
+                span = dry_run(Plan(self._source(world.model()), self.plan)).duration - self.lo
+            table = slo_table(world.policies, world.config.default_policy)
+            slo = table.get(world.config.default_policy) or {}
+            self.frame = Frame(
+                window_seconds(span * self.a.speed, self.a.window_seconds),
+                self.a.speed,
+                {c: (t.ttft_s, t.tpot_s) for c, t in slo.items()},
+            )
+        return self.frame
+
     def report(self) -> dict[str, Any]:
         a = self.a
         runs = []
@@ -197,7 +218,9 @@ class Simulator:
         }
         if a.sets:
             out["pareto"] = pareto_points(runs)
-        return out
+        slo = self.frame.slo if self.frame else {}
+        out["slo"] = {c: {"ttft_s": t, "tpot_s": p} for c, (t, p) in sorted(slo.items())}
+        return annotate(out, self.pricing)
 
 
 def main(argv: list[str]) -> int:
@@ -238,5 +261,5 @@ def main(argv: list[str]) -> int:
             f"simulated {run['policy']}: {m['virtual_seconds']:.1f} s of traffic in "
             f"{m['cpu_seconds']:.2f} s CPU ({speedup:,.0f}x real time, {m['events']} events)"
         )
-    write_outputs(report, sim.runs, a.out, a.html, extra=render_pareto(report))
+    write_outputs(report, a.out, a.html, extra=render_pareto(report))
     return exit_status("replay simulate", report)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +93,21 @@ def apply(doc: object, setting: Setting) -> object:
 
 
 def label(policy: str, setting: Setting) -> str:
-    """The run's name in the report: the policy, then its setting."""
+    """The run's name in the report: the policy, then its setting, each key by as few of
+    its last parts as tell the swept keys apart (``adaptive [max_inflight=8]`` for
+    ``policies.adaptive.params.spill.max_inflight``), so that tables and charts stay
+    narrow; the report's ``sweep`` and each run's ``simulation.setting`` name the keys whole."""
     if not setting:
         return policy
-    return f"{policy} [" + ", ".join(f"{k}={v}" for k, v in setting) + "]"
+    keys = [k for k, _ in setting]
+    return f"{policy} [" + ", ".join(f"{short(k, keys)}={v}" for k, v in setting) + "]"
+
+
+def short(key: str, keys: Sequence[str]) -> str:
+    """The fewest last parts of ``key`` (dots) that no other of ``keys`` ends with."""
+    parts = key.split(".")
+    for n in range(1, len(parts) + 1):
+        tail = ".".join(parts[-n:])
+        if not any(k != key and (k == tail or k.endswith("." + tail)) for k in keys):
+            return tail
+    return key

@@ -20,7 +20,7 @@ from aiohttp import web
 from replay.merge import main as merge_main
 from replay.merge import merge_runs, merged_report
 from replay.replayer import Replayer, ReplayOptions, build_report
-from replay.report import render_tables
+from replay.tables import render_tables
 from tests.replay.served import served
 from turnout.common.capture import CaptureRecord, dump_line
 
@@ -73,7 +73,7 @@ def _capture(path: Path) -> None:
 
 
 def _merged(paths: list[str]) -> dict[str, Any]:
-    return merged_report(paths, merge_runs(paths))
+    return merged_report(paths, merge_runs(paths), {})
 
 
 def _same(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
@@ -103,7 +103,7 @@ async def test_merge_of_a_runs_results_is_its_report(
         shadow_results=str(shadow_results),
     )
     replayer = Replayer(opts)
-    report = build_report(opts, "capture", await replayer.run())
+    report = build_report(replayer, await replayer.run())
     merged = _merged([str(results)])
     merged_shadow = _merged([str(shadow_results)])
 
@@ -140,12 +140,11 @@ async def test_merge_html_is_the_replays_page_of_the_merged_report(
     embedded = re.search(r'<script type="application/json" id="(\w+)">(.*?)</script>', html, re.S)
     assert embedded is not None and embedded.group(1) == "report"
     assert orjson.loads(embedded.group(2)) == orjson.loads(out.read_bytes())
-    samples = re.search(r'<script type="application/json" id="samples">(.*?)</script>', html)
-    assert samples is not None
-    curves = orjson.loads(samples.group(1))
-    assert sorted(curves) == ["adaptive", "round-robin"]
-    assert all(len(curves[run]["all"]["ttft"]) == REQUESTS for run in curves)
-    assert f"Merged from {results}" in html
+    # the CDFs' points come with the report, merged from the results lines as well
+    report = orjson.loads(out.read_bytes())
+    assert [r["policy"] for r in report["runs"]] == ["round-robin", "adaptive"]
+    assert all(len(r["cdf"]["all"]["ttft"]) == REQUESTS for r in report["runs"])
+    assert "merged from 1 results file" in html
 
 
 def test_merged_table_names_the_merge_not_a_target(tmp_path: Path) -> None:
@@ -160,5 +159,5 @@ def test_merged_table_names_the_merge_not_a_target(tmp_path: Path) -> None:
         path.write_bytes(line.replace(b'"a"', f'"a{i}"'.encode()))
         paths.append(str(path))
     title = render_tables(_merged(paths)).splitlines()[0]
-    assert title == "All requests (merged from 2 results files)"
+    assert title == "merged from 2 results files"
     assert "None" not in title

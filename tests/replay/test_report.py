@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from replay.client import Result
-from replay.report import REASONS, Acc, RunReport, failed_runs, render_tables
+from replay.report import REASONS, Acc, RunReport
+from replay.tables import failed_runs, render_tables
 
 
 def _ok(cid: str, ttft: float, e2e: float, tokens: int, **kw: object) -> Result:
@@ -54,23 +55,34 @@ def test_table_has_the_b200_rows_per_run_and_class() -> None:
         run.add(_ok("b", ttft, 3.0, 10, request_class="batch", backend="deepinfer"))
         run.duration = 4.0
         runs.append(run.to_dict())
-    report = {"mode": "timed", "target": "http://t", "runs": runs}
+    report = {"mode": "timed", "target": "http://t", "speed": 2.0, "runs": runs}
     text = render_tables(report)
+    assert text.splitlines()[0].endswith("timed, speed 2x, timeline windows 1 s of the trace")
     for row in (
         "Successful requests",
         "Output throughput (tokens/s)",
-        "Mean TTFT (s)",
-        "P95 TTFT (s)",
-        "Mean inter-token latency (ms)",
+        "Mean TTFT (ms)",
+        "P95 TTFT (ms)",
+        "Mean ITL (ms)",
         "Mean TPOT (ms)",
-        "Mean end-to-end latency (s)",
-        "P95 end-to-end latency (s)",
+        "Mean E2E (ms)",
+        "P95 E2E (ms)",
     ):
-        assert text.count(row) == 3  # overall, batch, interactive
-    header = text.splitlines()[1]
+        assert text.count(row) == 3  # batch, interactive, then all requests
+    # per class first; the table mixing them last
+    titles = [line for line in text.splitlines() if line and line[0] not in "|"][1:]
+    assert titles == ["Class batch", "Class interactive", "All requests (classes mixed)"]
+    header = next(line for line in text.splitlines() if line.startswith("| Metric"))
     assert header.index("round-robin") < header.index("adaptive")
-    assert "Class batch" in text and "Class interactive" in text
-    assert runs[0]["by_backend"] == {"deepinfer": {"requests": 1}, "vllm": {"requests": 1}}
+    # the best cell of a row is marked: adaptive's TTFT is lower
+    first_ttft = next(line for line in text.splitlines() if line.startswith("| Mean TTFT (ms)"))
+    cells = [c.strip() for c in first_ttft.split("|")]
+    assert cells[2:4] == ["500.0", "200.0 *"]
+    tokens = next(line for line in text.splitlines() if line.startswith("| Output throughput"))
+    assert "*" not in tokens  # a tie marks nothing
+    backends = runs[0]["by_backend"]
+    assert {k: b["requests"] for k, b in backends.items()} == {"deepinfer": 1, "vllm": 1}
+    assert backends["deepinfer"]["by_class"]["batch"]["output_tokens"] == 10
     assert runs[1]["overall"]["mean_ttft_ms"] == pytest.approx(200.0)
 
 

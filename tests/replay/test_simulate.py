@@ -213,7 +213,7 @@ def test_time_window_shards_merge_into_the_whole_trace(tmp_path: Path) -> None:
     ids = sorted(line["custom_id"] for part in parts for line in part)
     assert ids == sorted(f"mooncake-{n}" for n in range(40))
     paths = [str(tmp_path / f"res-{i}.jsonl") for i in range(3)]
-    report = merged_report(paths, merge_runs(paths))
+    report = merged_report(paths, merge_runs(paths), {})
     (run,) = report["runs"]
     assert run["overall"]["completed"] == 40
     assert run["overall"]["duration"] > span / 1000.0
@@ -243,9 +243,10 @@ def test_sweep_settings_are_validated_as_the_router_validates_itsrecorder_config
         == 0
     )
     runs = json.loads(out.read_text())["runs"]
+    # labels name a key by its last part; the setting names it whole
     assert [r["policy"] for r in runs] == [
-        "least-outstanding [backends[0].max_inflight=1]",
-        "least-outstanding [backends[0].max_inflight=64]",
+        "least-outstanding [max_inflight=1]",
+        "least-outstanding [max_inflight=64]",
     ]
     assert [r["simulation"]["setting"] for r in runs] == [
         {"backends[0].max_inflight": 1},

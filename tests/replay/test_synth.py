@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay.sources import BLOCK_TOKENS, Synth
-from replay.synth import Calibration, PromptSynth, calibrate
+from replay.synth import Calibration, PromptSynth, calibrate, salted
 from turnout.common.tokens import count_chat
 
 
@@ -68,3 +68,20 @@ def test_a_salt_changes_the_text_but_not_the_sharing() -> None:
     assert a0.split()[:first] == b0.split()[:first] and a1.split()[:first] == b1.split()[:first]
     assert a0.split()[:first] != a1.split()[:first]
     assert count_chat([{"role": "user", "content": a1}]) == 2 * BLOCK_TOKENS
+
+
+def test_a_recorded_prompt_is_marked_at_its_first_text() -> None:
+    chat: dict[str, Any] = {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+            {"role": "user", "content": "hi"},
+        ]
+    }
+    got = salted(chat, 2)
+    assert got is not None
+    assert got["messages"][0]["content"][0]["text"] == "(run 2) be brief"
+    assert got["messages"][1] == {"role": "user", "content": "hi"}
+    assert chat["messages"][0]["content"][0]["text"] == "be brief"  # the recorded body is kept
+    assert salted({"prompt": "abc"}, 1) == {"prompt": "(run 1) abc"}
+    assert salted({"input": "q"}, 0) == {"input": "(run 0) q"}
+    assert salted({"prompt": [1, 2, 3]}, 1) is None  # token ids: nothing to mark
