@@ -174,6 +174,10 @@ async def relay(
             broken, code = meter.failure, "upstream_protocol_error"
         elif broken is None and not meter.done:
             broken = "upstream stream ended before its last event ([DONE], response.completed)"
+        elif meter.done:
+            # The client has its whole answer, to the last event: what broke after it (trailers
+            # past their bound, the drain's deadline) is counted, but ends the stream cleanly.
+            broken = None
         if broken is None:
             tail = meter.flush()  # an unterminated last event (after [DONE])
             if tail:
