@@ -16,6 +16,7 @@ Intervals come from :mod:`replay.bootstrap` over the requests both runs answered
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +26,8 @@ from replay.cost import price
 from replay.pairs import strata
 
 HEADLINE = (*METRICS, "output_throughput")
+BOOTSTRAP_CAP = 4000
+"""Matched requests a comparison resamples at most: a few seconds of one core's time."""
 HIGHER_IS_BETTER = frozenset({"output_throughput", "goodput", "success_rate"})
 SHORT = {
     "mean_ttft_ms": "mean TTFT",
@@ -96,18 +99,55 @@ def estimates(
     baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, resamples: int = RESAMPLES
 ) -> tuple[dict[str, dict[str, Estimate]], int]:
     """Per class and overall, per :data:`HEADLINE` metric: the candidate against the
-    baseline; and how many requests the two runs share."""
-    pairs, matched = strata(baseline["requests"], candidate["requests"])
+    baseline; and how many requests the two runs share.
+
+    The figures and ratios come from every request both runs kept; past
+    :data:`BOOTSTRAP_CAP` of them the intervals are drawn from a hashed sample of that many
+    and narrowed to the trace's size (:func:`_narrowed`).
+    """
+    a, b = baseline["requests"], candidate["requests"]
+    pairs, matched = strata(a, b)
     seed = _seed(label(baseline), label(candidate))
-    out = paired(pairs, resamples=resamples, seed=seed)
+    if matched <= BOOTSTRAP_CAP and min(a["sampled"], b["sampled"]) == 1.0:
+        out = paired(pairs, resamples=resamples, seed=seed)
+    else:
+        whole = paired(pairs, resamples=0)
+        drawn = paired(strata(a, b, cap=BOOTSTRAP_CAP)[0], resamples=resamples, seed=seed)
+        # the trace's requests both runs answered, of which the tables kept a share
+        total = matched / min(a["sampled"], b["sampled"])
+        scale = math.sqrt(min(matched, BOOTSTRAP_CAP) / total)
+        out = {
+            g: {m: _narrowed(e, drawn.get(g, {}).get(m), scale) for m, e in f.items()}
+            for g, f in whole.items()
+        }
     same_windows = _window_s(baseline) == _window_s(candidate)
     for group, figures in out.items():
-        a, b = _windows(baseline, group), _windows(candidate, group)
-        if a is not None and b is not None and same_windows:
-            figures["output_throughput"] = window_ratio(a, b, resamples=resamples, seed=seed)
+        wa, wb = _windows(baseline, group), _windows(candidate, group)
+        if wa is not None and wb is not None and same_windows:
+            figures["output_throughput"] = window_ratio(wa, wb, resamples=resamples, seed=seed)
         else:
             figures["output_throughput"] = Estimate(None, None, None, None, None)
     return out, matched
+
+
+def _narrowed(whole: Estimate, drawn: Estimate | None, scale: float) -> Estimate:
+    """``whole``'s figures with ``drawn``'s interval around its own ratio, each end's
+    distance from that ratio (on a log scale: ratios multiply) times ``scale``, so placed
+    around ``whole``'s ratio: an interval narrows with the square root of the requests it
+    is computed over, and ``drawn``'s was computed over ``scale ** 2`` times the trace's."""
+    if (
+        drawn is None
+        or whole.ratio is None
+        or drawn.ratio is None
+        or drawn.lo is None
+        or drawn.hi is None
+        or drawn.lo <= 0
+    ):
+        return Estimate(whole.baseline, whole.candidate, whole.ratio, None, None)
+    centre, log = math.log(drawn.ratio), math.log(whole.ratio)
+    lo = math.exp(log - scale * (centre - math.log(drawn.lo)))
+    hi = math.exp(log + scale * (math.log(drawn.hi) - centre))
+    return Estimate(whole.baseline, whole.candidate, whole.ratio, lo, hi)
 
 
 def _window_s(run: Mapping[str, Any]) -> float | None:
@@ -188,12 +228,16 @@ def price_runs(report: dict[str, Any], pricing: Mapping[str, float]) -> None:
 
 
 def annotate(
-    report: dict[str, Any], pricing: Mapping[str, float], *, resamples: int = RESAMPLES
+    report: dict[str, Any],
+    pricing: Mapping[str, float],
+    *,
+    compare: bool = True,
+    resamples: int = RESAMPLES,
 ) -> dict[str, Any]:
     """``report`` with each run's cost at ``pricing``, the prices and the ``comparison``
-    (None with one run)."""
+    (None with one run, or when not asked to ``compare``)."""
     price_runs(report, pricing)
-    report["comparison"] = comparison(report["runs"], resamples=resamples)
+    report["comparison"] = comparison(report["runs"], resamples=resamples) if compare else None
     return report
 
 

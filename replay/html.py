@@ -42,7 +42,7 @@ body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 table{border-collapse:collapse;margin:4px 0 20px}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
 td:first-child,th:first-child{text-align:left}
-td.best{font-weight:700;background:#eef6ee}
+td.best{font-weight:700;background:#eef6ee} td.text{text-align:left}
 td.better{color:#17692b;font-weight:600} td.worse{color:#a61b1b;font-weight:600}
 .scroll{overflow-x:auto;max-width:100%}
 .verdict{font-size:16px;font-weight:600;background:#f4f4f8;padding:8px 12px;margin:6px 0}
@@ -105,6 +105,7 @@ function table(boxId, t) {
       cell.textContent = c;
       if (k === t.best[i]) cell.className = "best";
       if (c === "better" || c === "worse") cell.className = c;
+      if (k > 0 && !/^[-+\u2212\u00b10-9]/.test(c)) cell.classList.add("text");
     });
   });
 }

@@ -95,20 +95,25 @@ def _nan(values: Sequence[float | None]) -> list[float]:
 
 
 def strata(
-    baseline: Mapping[str, Any], candidate: Mapping[str, Any]
+    baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, cap: int | None = None
 ) -> tuple[dict[str, tuple[Side, Side]], int]:
     """Two runs' ``requests`` tables matched by id, per class (the baseline's class of each
     request), as :func:`replay.bootstrap.paired` takes them; and how many matched.
 
     Where the two sampled different shares of the trace, the smaller sample's ids are the
-    ones both hold (see the module doc), so the match is a uniform sample as well.
+    ones both hold (see the module doc), so the match is a uniform sample as well; with
+    ``cap``, at most that many of the matched ids are kept, those of the lowest hashes (a
+    uniform sample again, the same for every comparison of the same runs).
     """
     where = {cid: i for i, cid in enumerate(candidate["ids"])}
+    matched = [(i, j) for i, cid in enumerate(baseline["ids"]) if (j := where.get(cid)) is not None]
+    if cap is not None and len(matched) > cap:
+        ids = baseline["ids"]
+        matched.sort(key=lambda ij: _hash(ids[ij[0]]))
+        matched = sorted(matched[:cap])
     picks: dict[str, list[tuple[int, int]]] = {}
-    for i, cid in enumerate(baseline["ids"]):
-        j = where.get(cid)
-        if j is not None:
-            picks.setdefault(baseline["class"][i], []).append((i, j))
+    for i, j in matched:
+        picks.setdefault(baseline["class"][i], []).append((i, j))
     out = {}
     for cls, pairs in sorted(picks.items()):
         a = _side(baseline, [i for i, _ in pairs])

@@ -220,7 +220,8 @@ class Simulator:
             out["pareto"] = pareto_points(runs)
         slo = self.frame.slo if self.frame else {}
         out["slo"] = {c: {"ttft_s": t, "tpot_s": p} for c, (t, p) in sorted(slo.items())}
-        return annotate(out, self.pricing)
+        # a sweep's answer is its Pareto chart: every run against the first is not asked
+        return annotate(out, self.pricing, compare=not a.sets)
 
 
 def main(argv: list[str]) -> int:

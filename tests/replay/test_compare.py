@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 
 import pytest
 
 from replay.client import Result
-from replay.compare import comparison, percent
+from replay.compare import BOOTSTRAP_CAP, comparison, estimates, percent
 from replay.pairs import Requests, strata
 from replay.timeline import Frame, Timeline
 
@@ -110,6 +112,36 @@ def test_runs_pair_on_the_requests_both_kept() -> None:
     assert sa.ttft[0] == 100.0 and sb.ttft[0] == 200.0
     assert sa.good is None and sb.good is None  # judged in one run only: in neither
     assert db["duplicates"] == ("req-7" in db["ids"])
+
+
+def test_a_large_trace_is_resampled_in_part_and_its_interval_narrowed_to_the_whole() -> None:
+    trace, noise = random.Random(0), random.Random(1)
+    n = 12_000  # more than a run keeps (10,000): each keeps a hashed half or so
+    a, b = Requests(), Requests()
+    ttft_a, ttft_b = [], []
+    for k in range(n):
+        base = trace.lognormvariate(-1.5, 0.5)
+        ta, tb = base * noise.lognormvariate(0, 0.1), 1.1 * base * noise.lognormvariate(0, 0.1)
+        ttft_a.append(ta)
+        ttft_b.append(tb)
+        a.add(_result(f"r{k}", "interactive", ta, 20), None)
+        b.add(_result(f"r{k}", "interactive", tb, 20), None)
+    kept_a, kept_b = a.to_dict(), b.to_dict()
+    assert kept_a["sampled"] == 0.5
+    got, matched = estimates(
+        {"policy": "a", "requests": kept_a}, {"policy": "b", "requests": kept_b}, resamples=300
+    )
+    mean = got["interactive"]["mean_ttft_ms"]
+    assert matched == len(kept_a["ids"]) > BOOTSTRAP_CAP
+    # the ratio over every kept request; the interval as wide as the whole trace's: the
+    # delta method's over all 12,000 (paired: the difference's spread counts)
+    assert mean.ratio == pytest.approx(sum(ttft_b) / sum(ttft_a), rel=0.01)
+    assert mean.lo is not None and mean.hi is not None and mean.ratio is not None
+    assert mean.lo < mean.ratio < mean.hi
+    r = sum(ttft_b) / sum(ttft_a)
+    d = [y - r * x for x, y in zip(ttft_a, ttft_b, strict=True)]
+    half = 1.96 * statistics.stdev(d) / math.sqrt(n) / statistics.fmean(ttft_a)
+    assert (mean.hi - mean.lo) / 2 == pytest.approx(half, rel=0.25)
 
 
 def test_percent() -> None:
