@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -12,12 +13,24 @@ ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings", "respons
 Redaction = Literal["none", "hash", "drop"]
 REDACTIONS: tuple[Redaction, ...] = ("none", "hash", "drop")
 DEFAULT_CAPTURE_HEADERS = ("x-request-class", "x-turnout-policy", "x-request-id", "user-agent")
+# What marks a request header as carrying a credential (never captured, refused in
+# capture.headers): a part of its name (split at - _ .) that is one of these words, or that
+# contains one of the stems (``x-amzn-oidc-accesstoken``, ``x-turnout-line-token``, ``api-key``,
+# ``ocp-apim-subscription-key``, ``proxy-authorization``, ``set-cookie``, ``x-csrf-token``).
+_CREDENTIAL_PARTS = frozenset({"key", "jwt", "bearer", "sig", "signature", "oidc"})
+_CREDENTIAL_STEMS = ("auth", "cookie", "token", "secret", "passw", "apikey", "credential")
 # Request headers a backend's ``forward_headers`` cannot name: hop-by-hop ones (RFC 9110
 # 7.6.1), the ones the router sets itself for the body and backend it sends, and its own.
 ROUTER_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length", "content-type",
     "content-encoding", "expect", "accept-encoding", "authorization", "x-request-id",
     "x-turnout-policy", "x-request-class"})  # fmt: skip
+
+
+def credential_header(name: str) -> bool:
+    """Whether the request header ``name`` may carry a credential (by its name alone)."""
+    parts = re.split(r"[-_.]", name.lower())
+    return any(p in _CREDENTIAL_PARTS or any(s in p for s in _CREDENTIAL_STEMS) for p in parts)
 
 
 class ConfigError(Exception):

@@ -40,8 +40,9 @@ from router.config.model import (
     Rule,
     ShadowSettings,
     ShutdownSettings,
+    credential_header,
 )
-from turnout.common.schema import Errors, Reader, unknown
+from turnout.common.schema import Errors, Reader, join, unknown
 
 __all__ = ["load_config", "load_document", "parse_config", "read_config"]
 
@@ -316,9 +317,9 @@ def _health(m: Reader) -> HealthSettings:
 def _capture(m: Reader) -> CaptureSettings:
     listed = m.string_list("headers")
     headers = DEFAULT_CAPTURE_HEADERS if listed is None else listed
-    for h in headers:
-        if h.lower() in ("authorization", "cookie", "set-cookie", "proxy-authorization"):
-            m.error("headers", f"{h!r} is never captured")
+    for i, h in enumerate(headers):
+        if credential_header(h):
+            m.error(join("headers", i), f"{h!r} may carry a credential and is never captured")
     out = CaptureSettings(
         path=m.string("path", "", required=True),
         sample_rate=m.number("sample_rate", 1.0, low=0.0, high=1.0),

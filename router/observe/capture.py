@@ -35,14 +35,12 @@ from typing import Any, Protocol
 
 import orjson
 
-from router.config.model import CaptureSettings
+from router.config.model import CaptureSettings, credential_header
 from router.observe.redact import prompt_size, redact, redact_error
 from router.observe.sink import open_append, write_all
 from turnout.common.capture import CaptureRecord, Response, dump_line
 
 log = logging.getLogger("router")
-# Never written, whatever the allow-list says.
-_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 _BATCH = 512
 # The `_turnout` note of a line written with its body replaced.
 _NOT_ENCODABLE = "body not encodable"
@@ -94,7 +92,8 @@ class CaptureWriter:
         self._settings = settings
         self._on_drop = on_drop
         self._on_degraded = on_degraded
-        self._allow = frozenset(h.lower() for h in settings.headers) - _SECRET_HEADERS
+        # Never a credential, whatever the allow-list says (the parser refuses them too).
+        self._allow = frozenset(h.lower() for h in settings.headers if not credential_header(h))
         secret = settings.hash_key
         if secret is None:
             secret = secrets.token_bytes(32)

@@ -1,14 +1,16 @@
 """Redaction of captured request bodies (``capture.redaction``: ``none``, ``hash``, ``drop``).
 
-Redaction is by allow-list. A body's strings stay only where the OpenAI API (or vLLM's
-extensions) gives them a fixed meaning that a replay needs: the model, and enumerated values
-such as a message's ``role``, a content part's or tool's ``type``, ``tool_choice: auto``,
-``response_format.type`` (the shapes below, from ``_BODY`` down). Every other string is the
-client's: under ``hash`` it becomes keyed filler (:func:`hash_text`), under ``drop`` it goes.
-Numbers, booleans and null stay, and so do the key names of objects whose shape the API
-defines (a body's, a message's, a tool's, a JSON schema's keywords); the key names of the
-client's own maps (``metadata``, a schema's ``properties``, the inside of unknown fields) are
-redacted like its strings.
+Redaction is by allow-list (router.observe.shapes). A body's strings stay only where the
+OpenAI API (or vLLM's extensions) gives them a fixed meaning that a replay needs: the model,
+and enumerated values such as a message's ``role``, a content part's or tool's ``type``,
+``tool_choice: auto``, ``response_format.type``. Every other string is the client's: under
+``hash`` it becomes keyed filler (:func:`hash_text`), under ``drop`` it goes. Numbers,
+booleans and null stay, and so do the key names the API defines (a body's parameters, a
+message's, a tool's fields, a JSON schema's keywords, the ``chat_template_kwargs`` that
+templates read); every other key name is the client's, in its own maps (``metadata``, a
+schema's ``properties``) and in an object of known shape alike (a field no API defines, a
+template argument of its own): under ``hash`` it becomes filler, under ``drop`` it goes with
+its value. So a client cannot carry text into the capture in a key's name.
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 from router.config.model import Redaction
+from router.observe.shapes import BODY, FREE, Shape
 from turnout.common.tokens import count_chat, count_text, response_messages
 
 # Removed whole under `drop` (the replayer synthesizes a prompt of the recorded size instead).
@@ -72,136 +73,6 @@ def _hash_ids(ids: list[int], key: bytes) -> list[int]:
     ]
 
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """How one JSON value of a request body is redacted; the default: the client's own data."""
-
-    words: frozenset[str] = frozenset()
-    """Strings kept as they are (an enumeration's values)."""
-    string: Literal["text", "name", "ref", "keep"] = "text"
-    """Any other string: ``text`` is the client's; ``name`` too, but an identifier the API
-    requires (``drop`` leaves it empty, not absent); ``ref`` a JSON schema ``$ref`` (its
-    local name hashed like the ``$defs`` key it names); ``keep`` is kept (the model)."""
-    fields: Mapping[str, Shape] | None = None
-    """An object of this known shape: key names kept, values by these shapes (others' by
-    ``values``). None: an object whose key names are the client's (a map)."""
-    values: Shape | None = None
-    """Values of the keys ``fields`` does not name, or of a map; None: the client's data."""
-    items: Shape | None = None
-    """Elements of a list; None: this same shape (so ``stop: "x"`` and ``stop: ["x"]``)."""
-    digit_keys: bool = False
-    """A map whose all-digit keys are token ids (``logit_bias``): kept."""
-    token_ids: bool = False
-    """A list of integers is a prompt as token ids: keyed ids under ``hash``."""
-
-
-def _obj(**fields: Shape) -> Shape:
-    return Shape(fields=fields)
-
-
-def _enum(words: str, **fields: Shape) -> Shape:
-    """Strings kept when one of the space-separated ``words`` (or an object of ``fields``)."""
-    return Shape(words=frozenset(words.split()), fields=fields or None)
-
-
-def _each(names: str, shape: Shape) -> dict[str, Shape]:
-    """``shape`` for each of the space-separated ``names``."""
-    return dict.fromkeys(names.split(), shape)
-
-
-_FREE = Shape()
-_NAME = Shape(string="name")
-_EFFORT = _enum("minimal low medium high")
-# A JSON schema (tool parameters, structured output) nests schemas: its table is filled in
-# once the shape that refers to it exists, and read-only after.
-_schema_fields: dict[str, Shape] = {}
-_SCHEMA = Shape(fields=MappingProxyType(_schema_fields))
-_schema_fields.update(
-    {
-        "type": _enum("object array string number integer boolean null"),
-        "format": _enum(
-            "date-time date time duration email idn-email hostname idn-hostname ipv4 ipv6 uri"
-            " uri-reference iri iri-reference uuid uri-template json-pointer"
-            " relative-json-pointer regex"
-        ),
-        "$ref": Shape(string="ref"),
-        # maps of the client's names to schemas
-        **_each(
-            "properties patternProperties $defs definitions dependentSchemas",
-            Shape(values=_SCHEMA),
-        ),
-        # a schema, or a list of schemas
-        **_each(
-            "items prefixItems additionalItems additionalProperties unevaluatedItems"
-            " unevaluatedProperties contains propertyNames not if then else anyOf oneOf allOf",
-            _SCHEMA,
-        ),
-    }
-)
-_CONTENT = Shape(
-    items=_obj(
-        type=_enum(
-            "text image_url input_audio file video_url audio_url refusal input_text"
-            " output_text input_image input_file image audio video"
-        ),
-        image_url=_obj(detail=_enum("auto low high")),
-        input_audio=_obj(format=_enum("wav mp3")),
-        video_url=_obj(),
-        audio_url=_obj(),
-        file=_obj(),
-        cache_control=_obj(type=_enum("ephemeral")),
-    )
-)  # a string, or a list of parts
-_FUNCTION = _obj(name=_NAME, parameters=_SCHEMA)
-_MESSAGE = _obj(
-    role=_enum("system developer user assistant tool function"),
-    content=_CONTENT,
-    tool_calls=Shape(items=_obj(type=_enum("function"), function=_obj(name=_NAME))),
-    function_call=_obj(name=_NAME),
-)
-_PROMPT = Shape(token_ids=True)  # text, token ids, or a list of either
-# An embeddings prompt, or the Responses API's input: text, or a list of items (messages).
-_INPUT = Shape(
-    token_ids=True,
-    fields={
-        **(_MESSAGE.fields or {}),
-        "type": _enum("message function_call function_call_output reasoning"),
-    },
-)
-_BODY = Shape(
-    fields={
-        "model": Shape(string="keep"),
-        "messages": Shape(items=_MESSAGE),
-        "prompt": _PROMPT,
-        "input": _INPUT,
-        "system": _CONTENT,
-        "prediction": _obj(type=_enum("content"), content=_CONTENT),
-        "tools": Shape(items=_obj(type=_enum("function"), function=_FUNCTION)),
-        "functions": Shape(items=_FUNCTION),
-        # a word, or the one function to call
-        "tool_choice": _enum(
-            "none auto required", type=_enum("function"), function=_obj(name=_NAME)
-        ),
-        "function_call": _enum("none auto", name=_NAME),
-        "response_format": _obj(
-            type=_enum("text json_object json_schema regex structural_tag"),
-            json_schema=_obj(name=_NAME, schema=_SCHEMA),
-            schema=_SCHEMA,
-        ),
-        "guided_json": _SCHEMA,
-        "structured_outputs": _obj(json=_SCHEMA),
-        "stream_options": _obj(),
-        "logit_bias": Shape(digit_keys=True),
-        "documents": Shape(items=_obj()),
-        "chat_template_kwargs": _obj(reasoning_effort=_EFFORT),
-        "reasoning_effort": _EFFORT,
-        "service_tier": _enum("auto default flex scale priority"),
-        "modalities": _enum("text audio"),
-        "encoding_format": _enum("float base64"),
-    }
-)
-
-
 class _Redactor:
     """One walk over a body under ``hash`` (keyed filler) or ``drop`` (removal)."""
 
@@ -239,17 +110,19 @@ class _Redactor:
         return _GONE if self._drop and v and not out else out
 
     def mapping(self, v: dict[Any, Any], shape: Shape, depth: int) -> dict[str, Any]:
-        values = shape.values or _FREE
+        values, fields = shape.values or FREE, shape.fields
         out: dict[str, Any] = {}
         for k, x in v.items():
-            if shape.fields is not None:
+            if fields is not None and k in fields:
                 name: Any = k
-                w = self.value(x, shape.fields.get(k, values), depth + 1)
-            else:
+                w = self.value(x, fields[k], depth + 1)
+            else:  # a name the client chose: in a map, or an unknown field
                 keep = shape.digit_keys and k.isascii() and k.isdigit()
                 name = k if keep else self.text(k)
+                if name is _GONE:
+                    continue
                 w = self.value(x, values, depth + 1)
-            if name is not _GONE and w is not _GONE:
+            if w is not _GONE:
                 out[name] = w
         return out
 
@@ -279,7 +152,7 @@ def redact(body: Mapping[str, Any], mode: Redaction, key: bytes) -> Mapping[str,
     drop = mode == "drop"
     if drop:  # the prompt goes whole, as `drop` promises (and the replayer looks for)
         body = {k: v for k, v in body.items() if k not in _PROMPT_KEYS}
-    return _Redactor(drop, key).mapping(dict(body), _BODY, 1)
+    return _Redactor(drop, key).mapping(dict(body), BODY, 1)
 
 
 _CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")

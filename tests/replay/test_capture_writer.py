@@ -199,7 +199,7 @@ async def test_a_body_too_deep_to_encode_is_written_replaced_and_counted(
     counts = _Counts()
     w = _writer(CaptureSettings(path=str(path), redaction=mode), counts)
     await w.start()
-    w.record(_entry("deep", {**_BODY, "metadata": {"k": _nested(300)}}))
+    w.record(_entry("deep", {**_BODY, "stop": _nested(300)}))
     w.record(_entry("fine"))
     await w.aclose()
     deep, fine = (parse_line(line) for line in _lines(path))

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from router.batch.lines import TOKEN_HEADER
 from router.config.model import ConfigError
 from router.config.parse import parse_config
 from tests.router.harness import base_config
@@ -61,3 +62,22 @@ def test_a_key_that_cannot_be_had_is_an_error(
     monkeypatch.setenv("CAPTURE_KEY", SECRET)
     both = _doc(tmp_path, hash_key_env="CAPTURE_KEY", hash_key_file=str(short))
     assert "only one of" in _errors(both)["capture"]
+
+
+CREDENTIAL_HEADERS = (
+    "Authorization", "proxy-authorization", "cookie", "Set-Cookie", "api-key", "x-api-key",
+    TOKEN_HEADER, "x-goog-api-key", "ocp-apim-subscription-key", "x-auth-token",
+    "x-amz-security-token", "x-amzn-oidc-accesstoken", "x-csrf-token", "x-client-secret",
+    "x-admin-password", "x-forwarded-authorization",
+)  # fmt: skip
+
+
+def test_headers_that_may_carry_a_credential_are_refused_each_by_its_path(
+    tmp_path: Path,
+) -> None:
+    harmless = ["x-request-class", "x-session-id", "x-turnout-batch", "user-agent"]
+    errors = _errors(_doc(tmp_path, headers=[*harmless, *CREDENTIAL_HEADERS]))
+    assert list(errors) == [f"capture.headers[{i}]" for i in range(4, 4 + len(CREDENTIAL_HEADERS))]
+    assert all("may carry a credential" in m for m in errors.values())
+    capture = parse_config(_doc(tmp_path, headers=harmless)).capture
+    assert capture is not None and capture.headers == tuple(harmless)

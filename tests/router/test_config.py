@@ -85,7 +85,7 @@ def test_every_error_reported_with_its_path() -> None:
         "timeouts.other",
         "capture.path",
         "capture.sample_rate",
-        "capture.headers",
+        "capture.headers[0]",
         "surprise",
     ]
     assert sorted(errs) == sorted(expected)

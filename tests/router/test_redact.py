@@ -75,6 +75,16 @@ LEAKS: dict[str, dict[str, Any]] = {
     "tool_choice name": {
         "tool_choice": {"type": "function", "function": {"name": "leak-choice"}},
     },
+    # issue 26: data in the names of keys the client chose, where the API defines the object
+    "top-level key name": {"leak_topkey": 1, "leak-flag": True},
+    "chat_template_kwargs key name": {"chat_template_kwargs": {"leak_ctkey": True}},
+    "message key name": {"messages": [{"role": "user", "content": "a", "leak_msgkey": 2}]},
+    "content-part key name": {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a", "leak_pk": 0}]}]
+    },
+    "tool key name": {"tools": [{"type": "function", "function": {"name": "f", "leak_fk": 1}}]},
+    "schema keyword name": {"guided_json": {"type": "object", "leak_keyword": 3}},
+    "stream_options key name": {"stream_options": {"include_usage": True, "leak_so": True}},
 }
 
 
@@ -162,6 +172,42 @@ def test_hash_keeps_structure_and_replaces_every_other_string() -> None:
     for k in ("temperature", "top_p", "seed", "max_tokens", "logit_bias"):
         assert out[k] == body[k]
     assert count_chat(out["messages"]) == count_chat(body["messages"])
+
+
+def test_the_names_the_api_defines_stay_and_the_clients_do_not() -> None:
+    """A body of OpenAI's and vLLM's parameters keeps every name under ``hash`` (so a replay
+    sends the same parameters); a name of the client's own becomes filler, keeping the
+    value's numbers, or goes with its value under ``drop``."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi", "name": "ann"}],
+        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 1, "n": 2,
+        "max_completion_tokens": 64, "presence_penalty": 0.1, "repetition_penalty": 1.1,
+        "ignore_eos": True, "min_tokens": 8, "priority": 3, "logprobs": True,
+        "top_logprobs": 2, "parallel_tool_calls": False, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": False},
+        "chat_template_kwargs": {"enable_thinking": False, "thinking": True,
+                                 "reasoning_effort": "low", "my_secret_flag": 7},
+        "hunter2": 5,
+    }  # fmt: skip
+    out = redact(body, "hash", KEY)
+    *kept, hashed = out
+    assert kept == list(body)[:-1] and hashed != "hunter2"
+    assert len(hashed) == len("hunter2") and out[hashed] == 5
+    kwargs = out["chat_template_kwargs"]
+    assert list(kwargs)[:3] == ["enable_thinking", "thinking", "reasoning_effort"]
+    assert "my_secret_flag" not in kwargs and 7 in kwargs.values()
+    assert out["messages"][0]["role"] == "user" and set(out["messages"][0]) == {
+        "role", "content", "name",
+    }  # fmt: skip
+    assert {k: out[k] for k in ("temperature", "top_k", "ignore_eos")} == {
+        "temperature": 0.7, "top_k": 20, "ignore_eos": True,
+    }  # fmt: skip
+    dropped = redact(body, "drop", KEY)
+    assert "hunter2" not in dropped and set(dropped) == set(body) - {"hunter2", "messages"}
+    assert dropped["chat_template_kwargs"] == {
+        "enable_thinking": False, "thinking": True, "reasoning_effort": "low",
+    }  # fmt: skip
 
 
 def test_drop_keeps_only_structure_and_stays_replayable() -> None:
