@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
@@ -252,6 +253,18 @@ def run_attack(
           f"({len(health_ms)} probes, {failed[0]} failed)")  # fmt: skip
 
 
+def router_config(backend_url: str) -> dict[str, Any]:
+    """A router in front of the one backend at ``backend_url``, never ejecting it, with keys
+    every version knows."""
+    return {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "backends": [{"name": "bad", "engine": "vllm", "url": backend_url}],
+        "policies": {"only": {"type": "round-robin"}},
+        "default_policy": "only",
+        "health": {"failures_to_eject": 1000},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.hostile_backend")
     parser.add_argument("--megabytes", type=float, default=100.0, help="flood size (MB)")
@@ -266,15 +279,8 @@ def main() -> None:
         _spawn(backend_argv, ROOT, "misbehaving listening on ") as (_, backend_url),
         tempfile.TemporaryDirectory() as tmp,
     ):
-        config = {
-            "listen": {"host": "127.0.0.1", "port": 0},
-            "backends": [{"name": "bad", "engine": "vllm", "url": backend_url}],
-            "policies": {"only": {"type": "round-robin"}},
-            "default_policy": "only",
-            "health": {"failures_to_eject": 1000},
-        }
         path = Path(tmp) / "router.yaml"
-        path.write_text(yaml.safe_dump(config))
+        path.write_text(yaml.safe_dump(router_config(backend_url)))
         router_argv = [sys.executable, "-m", "turnout", "serve", "--config", str(path),
                        "--port", "0"]  # fmt: skip
         root = args.router_root.resolve()

@@ -8,7 +8,13 @@ is one row of the table: add one as another :class:`Scenario` entry.
 
 The Batch API scenarios (issue 26) use a file of ``--mib`` MiB (184 by default, the size of
 the issue's attack), one configured API key, and a backend that is never up, so no batch
-line is served while they run::
+line is served while they run. The capture scenarios send issue 26's capture flood: 200 chat
+requests of 8 MiB (a lorem-ipsum prompt) for a model no backend serves, 4 at a time, each
+refused with 404 before any backend and captured all the same; they also say how many
+lines the capture got, when the last came after the last answer (a writer behind shows
+there; the wait ends once every request is written or counted as dropped, or after a
+minute without a line) and what was dropped. ``flood-no-capture`` sends the same with
+capture off, for what the requests cost in flight::
 
     .venv/bin/python -m benchmarks.memory_bounds [--scenario NAME ...] [--router-root DIR]
 """
@@ -19,6 +25,7 @@ import argparse
 import asyncio
 import hashlib
 import io
+import re
 import sqlite3
 import sys
 import tempfile
@@ -261,6 +268,105 @@ async def finalize(run: Run) -> str:
     return f"still {row[0]} after 600 s"
 
 
+# -- the capture scenarios -------------------------------------------------------------------
+
+FLOOD_REQUESTS, FLOOD_MIB, FLOOD_CLIENTS = 200, 8, 4
+
+
+def unknown_model_body(size: int) -> bytes:
+    """A chat request of ``size`` bytes (a lorem-ipsum prompt) for a model no backend serves:
+    refused with 404 before any backend, and captured all the same."""
+    head, tail = b'{"model":"no-such-model","messages":[{"role":"user","content":"', b'"}]}'
+    words = b"lorem ipsum dolor sit amet "
+    return head + (words * (size // len(words) + 1))[: size - len(head) - len(tail)] + tail
+
+
+def settled(path: Path, done: Callable[[int], bool], quiet: float, limit: float = 900.0) -> float:
+    """Wait until ``done(lines in path)`` or ``path`` has not grown for ``quiet`` seconds;
+    when it last grew."""
+    size, grew = -1, time.monotonic()
+    deadline = grew + limit
+    while time.monotonic() < deadline and time.monotonic() - grew < quiet:
+        now = path.stat().st_size if path.exists() else 0
+        if now != size:
+            size, grew = now, time.monotonic()
+            if done(path.read_bytes().count(b"\n")):
+                break
+        time.sleep(0.05)
+    return grew
+
+
+def _known_model(doc: dict[str, Any], work: Path) -> None:
+    # The backend is never up: a model it lists makes every other name a 404 at once.
+    doc["backends"][0]["models"] = ["m"]
+
+
+def _capture(redaction: str) -> Callable[[dict[str, Any], Path], None]:
+    def configure(doc: dict[str, Any], work: Path) -> None:
+        _known_model(doc, work)
+        doc["capture"] = {"path": str(work / "capture.jsonl"), "redaction": redaction}
+
+    return configure
+
+
+async def _dropped(session: aiohttp.ClientSession, run: Run) -> dict[str, float]:
+    async with session.get(run.url + "/metrics") as r:
+        text = await r.text()
+    found = re.findall(r'^turnout_capture_dropped_total\{reason="(\w+)"\} (\S+)$', text, re.M)
+    return {reason: float(v) for reason, v in found if float(v)}
+
+
+async def _flood(session: aiohttp.ClientSession, run: Run) -> list[int | str]:
+    body = unknown_model_body(FLOOD_MIB * MiB)
+    left = list(range(FLOOD_REQUESTS))
+    statuses: list[int | str] = []
+
+    async def client() -> None:
+        while left:
+            left.pop()
+            try:
+                async with session.post(
+                    run.url + "/v1/chat/completions",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                ) as r:
+                    await r.read()
+                    statuses.append(r.status)
+            except aiohttp.ClientError as exc:
+                statuses.append(type(exc).__name__)  # fmt: skip
+
+    await asyncio.gather(*(client() for _ in range(FLOOD_CLIENTS)))
+    return statuses
+
+
+async def flood_no_capture(run: Run) -> str:
+    async with await _session() as session:
+        return _tally(await _flood(session, run))
+
+
+async def capture_flood(run: Run) -> str:
+    async with await _session() as session:
+        statuses = await _flood(session, run)
+        end = time.monotonic()
+        loop = asyncio.get_running_loop()
+
+        def done(lines: int) -> bool:
+            drops = asyncio.run_coroutine_threadsafe(_dropped(session, run), loop).result()
+            return lines + sum(drops.values()) >= len(statuses)
+
+        # A writer that writes in batches goes quiet for long: every line, or a minute.
+        capture = run.work / "capture.jsonl"
+        last = await asyncio.to_thread(settled, capture, done, 60.0)
+        drops = await _dropped(session, run)
+    lines = capture.read_bytes().count(b"\n") if capture.exists() else 0
+    dropped = ", ".join(f"{v:.0f} {k}" for k, v in drops.items()) or "none"
+    return (
+        f"{_tally(statuses)}; {lines} lines, the last {max(0.0, last - end):.1f} s after the "
+        f"last answer; dropped: {dropped}"
+    )
+
+
+FLOOD = f"{FLOOD_REQUESTS} x {FLOOD_MIB} MiB for an unknown model, {FLOOD_CLIENTS} at a time"
 SCENARIOS = (
     Scenario("gzip-bombs", "4 concurrent gzip uploads inflating to --mib MiB each",
              _batch_config, gzip_bombs),
@@ -271,6 +377,10 @@ SCENARIOS = (
              _batch_config, batch_creates),
     Scenario("finalize", f"finalizing {FINALIZE_MIB} MiB of output", _batch_config, finalize,
              prepare=_finalize_store),
+    Scenario("capture-flood", f"{FLOOD}, captured", _capture("none"), capture_flood),
+    Scenario("capture-flood-hash", f"{FLOOD}, captured under hash", _capture("hash"),
+             capture_flood),
+    Scenario("flood-no-capture", f"{FLOOD}, capture off", _known_model, flood_no_capture),
 )  # fmt: skip
 
 

@@ -272,6 +272,10 @@ class CaptureSettings:
     rotate_bytes: int | None = None
     headers: tuple[str, ...] = DEFAULT_CAPTURE_HEADERS
     queue_size: int = 10000
+    """Requests that may wait for the writer; more are dropped (``queue_full``)."""
+    queue_bytes: int = 64 * 1024 * 1024
+    """Bytes of request bodies and headers that may wait for the writer; more are dropped
+    (``queue_bytes``)."""
     hash_key: bytes | None = field(default=None, repr=False)
     """The secret (from ``hash_key_env`` or ``hash_key_file``) that keys the ``hash`` filler
     and the sample; None: a random one per process (see router.observe.capture)."""

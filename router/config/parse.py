@@ -315,6 +315,7 @@ def _health(m: Reader) -> HealthSettings:
 
 
 def _capture(m: Reader) -> CaptureSettings:
+    d = CaptureSettings(path="")
     listed = m.string_list("headers")
     headers = DEFAULT_CAPTURE_HEADERS if listed is None else listed
     for i, h in enumerate(headers):
@@ -326,7 +327,8 @@ def _capture(m: Reader) -> CaptureSettings:
         redaction=m.choice("redaction", REDACTIONS, "none"),
         rotate_bytes=m.integer("rotate_bytes", None, low=1),
         headers=tuple(h.lower() for h in headers),
-        queue_size=m.integer("queue_size", 10000, low=1),
+        queue_size=m.integer("queue_size", d.queue_size, low=1),
+        queue_bytes=m.integer("queue_bytes", d.queue_bytes, low=1),
         hash_key=_capture_key(m),
     )
     m.done()

@@ -1,13 +1,16 @@
 """The router's background capture writer.
 
 The request path only calls :meth:`CaptureWriter.record`, which samples and puts the finished
-request on a bounded queue without blocking; a full queue drops it and calls ``on_drop`` (the
-router counts it in ``turnout_capture_dropped_total{reason}``). A background task drains
-the queue and hands each batch to a worker thread, which derives each request's record,
-redacts it (router.observe.redact), serialises it to a capture line (turnout.common.capture) and
-pipes the batch to the sink process (router.observe.sink) that owns the file. Nothing waits
-in user-space buffers, so lines reach the file as soon as the writer has them (well within a
-second), and a large body's redaction does not hold up the event loop.
+request on a queue bounded in requests (``queue_size``) and in bytes (``queue_bytes``: the
+request bodies and headers the queued requests hold) without blocking; a full queue drops it
+and calls ``on_drop`` (the router counts it in ``turnout_capture_dropped_total{reason}``). A
+background task drains the queue and hands each batch to a worker thread, which derives each
+request's record (parsing its body there, off the event loop), redacts it
+(router.observe.redact), serialises it to a capture line (turnout.common.capture) and pipes
+the lines to the sink process (router.observe.sink) that owns the file, as they are made (a
+write per :data:`WRITE_BYTES` of lines). A request's bytes count against ``queue_bytes``
+until its batch is piped, so what a crash of the router can lose is bounded by the queue's
+bounds. A sink that dies is replaced at the next write (at most once a second).
 
 No request that reaches the writer escapes the file: a record that cannot be written as it
 is (a body nested deeper than a line can be, text that is not UTF-8) is written with its body
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import itertools
 import logging
 import os
 import secrets
@@ -37,11 +41,14 @@ import orjson
 
 from router.config.model import CaptureSettings, credential_header
 from router.observe.redact import prompt_size, redact, redact_error
-from router.observe.sink import open_append, write_all
+from router.observe.sink import open_append
 from turnout.common.capture import CaptureRecord, Response, dump_line
 
 log = logging.getLogger("router")
-_BATCH = 512
+_BATCH = 512  # requests the writer takes from the queue at once
+WRITE_BYTES = 64 * 1024
+"""Lines gathered before a write to the sink's pipe (a longer line is written alone)."""
+_RESTART_SECONDS = 1.0  # a dead sink is replaced at most this often
 # The `_turnout` note of a line written with its body replaced.
 _NOT_ENCODABLE = "body not encodable"
 
@@ -54,8 +61,15 @@ class Capturable(Protocol):
         """The request's id (``X-Request-Id``, or the router's), the line's ``custom_id``."""
         ...
 
+    @property
+    def capture_bytes(self) -> int:
+        """What the request holds until its line is written: its body and headers as
+        received, in bytes (what ``queue_bytes`` counts)."""
+        ...
+
     def capture_record(self, t0: float) -> CaptureRecord:
-        """The request's record before redaction; ``t_offset_ms`` counts from ``t0``."""
+        """The request's record before redaction; ``t_offset_ms`` counts from ``t0``. Called
+        in the writer's thread: it may parse the body."""
         ...
 
 
@@ -86,9 +100,9 @@ class CaptureWriter:
         on_drop: Callable[[str], None],
         on_degraded: Callable[[str], None],
     ) -> None:
-        """``on_drop(reason)``: a request not written (``queue_full``, ``not_running``,
-        ``sink_gone``, ``unencodable``, ``error``); ``on_degraded(reason)``: one written with
-        its body replaced (``unencodable``)."""
+        """``on_drop(reason)``: a request not written (``queue_full``, ``queue_bytes``,
+        ``not_running``, ``sink_gone``, ``unencodable``, ``error``); ``on_degraded(reason)``:
+        one written with its body replaced (``unencodable``)."""
         self._settings = settings
         self._on_drop = on_drop
         self._on_degraded = on_degraded
@@ -106,10 +120,12 @@ class CaptureWriter:
         self._text_key = _subkey(secret, b"turnout capture text")
         self._sample_key = _subkey(secret, b"turnout capture sample")
         self._threshold = int(min(max(settings.sample_rate, 0.0), 1.0) * 2**32)
-        self._queue: asyncio.Queue[Capturable | None] | None = None
+        self._queue: asyncio.Queue[tuple[Capturable, int] | None] | None = None
+        self._queued = 0  # bytes of the requests queued or in the writer's hands
         self._task: asyncio.Task[None] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._pipe = -1
+        self._restart_at = 0.0
         self._t0 = 0.0
 
     async def start(self) -> None:
@@ -137,10 +153,16 @@ class CaptureWriter:
         if queue is None or self._task is None or self._task.done():
             self._on_drop("not_running")
             return
+        size = entry.capture_bytes
+        if self._queued + size > self._settings.queue_bytes:
+            self._on_drop("queue_bytes")
+            return
         try:
-            queue.put_nowait(entry)
+            queue.put_nowait((entry, size))
         except asyncio.QueueFull:
             self._on_drop("queue_full")
+            return
+        self._queued += size
 
     async def aclose(self) -> None:
         """Write everything queued, close the pipe and wait for the sink to finish the file."""
@@ -163,15 +185,19 @@ class CaptureWriter:
             batch = [await queue.get()]
             while len(batch) < _BATCH and not queue.empty():
                 batch.append(queue.get_nowait())
-            entries = [e for e in batch if e is not None]
+            entries = [e for e, _ in filter(None, batch)]
             closing = len(entries) < len(batch)
             if entries:
-                await asyncio.to_thread(self._write, entries)
+                try:
+                    await asyncio.to_thread(self._write, entries)
+                finally:
+                    self._queued -= sum(size for _, size in filter(None, batch))
 
     # The methods below run in a worker thread; only the writer task calls them, one at a time.
 
     def _write(self, entries: list[Capturable]) -> None:
         lines: list[bytes] = []
+        held = 0
         for entry in entries:
             try:
                 line = self._line(entry)
@@ -181,13 +207,46 @@ class CaptureWriter:
                 continue
             if line is not None:
                 lines.append(line)
-        if not lines:
-            return
+                held += len(line)
+            if held >= WRITE_BYTES:
+                self._pipe_lines(lines)
+                lines, held = [], 0
+        if lines:
+            self._pipe_lines(lines)
+
+    def _pipe_lines(self, lines: list[bytes]) -> None:
+        data = lines[0] if len(lines) == 1 else b"".join(lines)
+        view, sent = memoryview(data), 0
         try:
-            write_all(self._pipe, b"".join(lines))
-        except OSError:  # the sink is gone
-            for _ in lines:
-                self._on_drop("sink_gone")
+            while sent < len(data):
+                sent += os.write(self._pipe, view[sent:])
+        except OSError:  # the sink is gone, and with it the lines not wholly in its pipe
+            for end in itertools.accumulate(map(len, lines)):
+                if end > sent:
+                    self._on_drop("sink_gone")
+            self._restart()
+
+    def _restart(self) -> None:
+        """Replace a dead sink (it cuts a line the old one may have left half written)."""
+        now = time.monotonic()
+        if now < self._restart_at:
+            return
+        self._restart_at = now + _RESTART_SECONDS
+        old = self._proc
+        self._pipe = -1  # closed below: never write to a number the process may reuse
+        if old is not None:
+            assert old.stdin is not None
+            old.stdin.close()
+            try:
+                old.wait(_RESTART_SECONDS)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                old.wait()
+            log.warning("capture: the sink process ended (%s); starting a new one", old.returncode)
+        try:
+            self._proc = self._spawn()
+        except OSError as exc:
+            log.error("capture: cannot start a new sink: %s", exc)
 
     def _line(self, source: Capturable) -> bytes | None:
         rec = source.capture_record(self._t0)

@@ -50,7 +50,9 @@ pipeline plugin, its first run included: an observation costs more than most plu
 and a pipeline runs three or more a request, while a sample shows their cost as well."""
 
 
-CAPTURE_DROP_REASONS = ("queue_full", "not_running", "sink_gone", "unencodable", "error")
+CAPTURE_DROP_REASONS = (
+    "queue_full", "queue_bytes", "not_running", "sink_gone", "unencodable", "error",
+)  # fmt: skip
 """Why the capture writer (router.observe.capture) may not write a request."""
 
 REQUEST_REASONS = (
@@ -295,8 +297,8 @@ class Metrics:
         )
         self._dropped = Counter(
             "turnout_capture_dropped_total",
-            "Sampled requests not captured, by reason (queue_full, not_running, sink_gone, "
-            "unencodable, error).",
+            "Sampled requests not captured, by reason (queue_full, queue_bytes, not_running, "
+            "sink_gone, unencodable, error).",
             ["reason"],
             registry=r,
         )

@@ -35,6 +35,11 @@ _WORDS = b"abcdefghijklmnopqrstuvwxyz012345"
 _SYMBOLS = b"!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~"
 _WORD_TABLE = bytes(_WORDS[i % len(_WORDS)] for i in range(256))
 _SYMBOL_TABLE = bytes(_SYMBOLS[i % len(_SYMBOLS)] for i in range(256))
+# ASCII text is filled by bit masks over a slice at a time rather than a call per run: 0xFF
+# where a byte is a word character (whitespace), by the same \w (\s) as _RUN's.
+_WORD_MASK = bytes(0xFF if re.fullmatch(r"\w", chr(b)) else 0 for b in range(128)) + bytes(128)
+_SPACE_MASK = bytes(0xFF if re.fullmatch(r"\s", chr(b)) else 0 for b in range(128)) + bytes(128)
+_SLICE = 1 << 16
 # Token ids that a hashed token-id prompt is made of: below any real vocabulary's size and
 # above the special tokens at its start.
 _ID_LOW, _ID_SPAN = 1000, 29000
@@ -57,9 +62,34 @@ def hash_text(text: str, key: bytes) -> str:
         text.encode("utf-8", "surrogatepass"), key=key, digest_size=32, person=b"text"
     ).digest()
     stream = hashlib.shake_256(seed).digest(len(text))
+    if text.isascii():
+        return _ascii_filler(text.encode("ascii"), stream)
+    return _run_filler(text, stream)
+
+
+def _run_filler(text: str, stream: bytes) -> str:
+    """``text`` with each word run replaced by word filler drawn from ``stream`` at its place,
+    each run of other non-space characters by symbols (a call per run)."""
     words = stream.translate(_WORD_TABLE).decode("ascii")
     symbols = stream.translate(_SYMBOL_TABLE).decode("ascii")
     return _RUN.sub(lambda m: (words if m.lastindex else symbols)[m.start() : m.end()], text)
+
+
+def _ascii_filler(text: bytes, stream: bytes) -> str:
+    """What :func:`_run_filler` makes of ASCII ``text``, by masks over whole integers a slice
+    at a time: a call per run costs about 0.4 µs, so 8 MiB of prose took most of a second."""
+    out = []
+    for at in range(0, len(text), _SLICE):
+        part, draw = text[at : at + _SLICE], stream[at : at + _SLICE]
+        word = int.from_bytes(part.translate(_WORD_MASK))
+        space = int.from_bytes(part.translate(_SPACE_MASK))
+        filled = (
+            (int.from_bytes(part) & space)
+            | (int.from_bytes(draw.translate(_WORD_TABLE)) & word)
+            | (int.from_bytes(draw.translate(_SYMBOL_TABLE)) & ~(word | space))
+        )
+        out.append(filled.to_bytes(len(part)))
+    return b"".join(out).decode("ascii")
 
 
 def _hash_ids(ids: list[int], key: bytes) -> list[int]:

@@ -3,7 +3,9 @@
 Why a separate process: a ``kill -9`` can cut a large ``write(2)`` to a regular file short,
 tearing a line. The sink copies only complete lines from the pipe to the file, so when the
 router dies mid-write the sink sees EOF, drops the incomplete tail and exits: the file loses
-at most the lines in flight and never holds half a line. Run as
+at most the lines in flight and never holds half a line. A sink killed itself may leave a
+line half written; the next sink to write to the file (or to start on it) cuts that
+unterminated tail first, under the file's lock. Run as
 ``python -m router.observe.sink PATH ROTATE_BYTES`` by the capture writer.
 """
 
@@ -27,21 +29,38 @@ class Sink:
         self._path = path
         self._limit = rotate_bytes
         self._fd = open_append(path)
+        self._lock_current()
+        try:
+            _cut_torn_tail(self._fd)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def run(self, fd: int) -> None:
-        """Copy complete lines from ``fd`` until EOF; an incomplete last line is discarded."""
-        pending = b""
+        """Copy complete lines from ``fd`` until EOF; an incomplete last line is discarded.
+
+        The pieces of a line still arriving are kept apart and joined once it ends, and only
+        each new piece is searched for its end: linear in the line's length (a pipe hands
+        over at most 64 KiB a read, so an 8 MiB line comes in 128 pieces)."""
+        held: list[bytes] = []
         while chunk := os.read(fd, 1 << 20):
-            data = pending + chunk if pending else chunk
-            cut = data.rfind(b"\n") + 1
-            pending = data[cut:]
-            if cut:
-                self._lines(data[:cut])
+            cut = chunk.rfind(b"\n") + 1
+            if not cut:
+                held.append(chunk)
+                continue
+            if held:
+                held.append(chunk[:cut])
+                self._lines(b"".join(held))
+                held.clear()
+            else:
+                self._lines(chunk if cut == len(chunk) else chunk[:cut])
+            if cut < len(chunk):
+                held.append(chunk[cut:])
         os.close(self._fd)
 
     def _lines(self, data: bytes) -> None:
         self._lock_current()
         try:
+            _cut_torn_tail(self._fd)
             size = os.fstat(self._fd).st_size
             if not self._limit or size + len(data) <= self._limit:
                 write_all(self._fd, data)
@@ -91,8 +110,27 @@ class Sink:
         os.close(old)
 
 
+def _cut_torn_tail(fd: int) -> None:
+    """Truncate the file after its last newline if it does not end with one: what a writer
+    killed mid-``write(2)`` left. Called with the file locked, so no sibling is writing."""
+    size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    end = size - 1
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        block = os.pread(fd, end - start, start)
+        newline = block.rfind(b"\n")
+        if newline >= 0:
+            os.ftruncate(fd, start + newline + 1)
+            return
+        end = start
+    os.ftruncate(fd, 0)
+
+
 def open_append(path: str) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    """``path`` opened for appending (and reading: a torn tail is looked for), made 0600."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
 
 
 def write_all(fd: int, data: bytes) -> None:

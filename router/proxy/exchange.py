@@ -14,7 +14,8 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+import orjson
 
 from policies.base import Policy
 from policies.types import Outcome, RequestInfo
@@ -76,9 +77,8 @@ class Exchange:
     policy: Policy
     """The policy object that chose (a reload may replace the one of that name meanwhile)."""
     body: bytes = b""
-    doc: Mapping[str, Any] | None = None
-    """The parsed body, once it parsed."""
     info: RequestInfo | None = None
+    """What the body says, once it parsed (the capture parses it again, off the loop)."""
     tenant: str | None = None
     """The client key's capture id (a keyed hash), when the key is a configured one."""
     backend: str | None = None
@@ -265,13 +265,21 @@ class Exchange:
             "completion_tokens": output,
         }
 
+    @property
+    def capture_bytes(self) -> int:
+        """The body and headers as received, in bytes: what the capture's queue counts."""
+        headers = self.headers
+        return len(self.body) + sum(map(len, headers.keys())) + sum(map(len, headers.values()))
+
     def capture_record(self, t0: float) -> CaptureRecord:
-        """The request as a capture line's record, before redaction (offsets from ``t0``)."""
+        """The request as a capture line's record, before redaction (offsets from ``t0``).
+        Called in the capture writer's thread: the body is parsed there, not kept parsed
+        while the request waits in the queue (its raw bytes are what the queue counts)."""
         fig, info = self._figures, self.info
         return CaptureRecord(
             custom_id=self.request_id,
             url=self.path,
-            body=self.doc if self.doc is not None else {},
+            body=orjson.loads(self.body) if info is not None else {},
             t_offset_ms=(self.arrival - t0) * 1000.0,
             ts=iso_utc(self.arrival_wall),
             headers=self.headers,

@@ -92,7 +92,6 @@ async def handle(
         big = len(ex.body) > OFFLOAD_BYTES
         t = time.monotonic()
         parsed = await asyncio.to_thread(understand) if big else understand()
-        ex.doc = parsed.doc
         ex.info = info = parsed.info
         trace.classified(info, t, time.monotonic())
         extra["X-Turnout-Class"] = info.request_class

@@ -43,6 +43,10 @@ class _Finished:
     arrival: float
     body: Mapping[str, Any]
 
+    @property
+    def capture_bytes(self) -> int:
+        return len(repr(self.body))  # about its size as JSON
+
     def capture_record(self, t0: float) -> CaptureRecord:
         return CaptureRecord(
             custom_id=self.request_id,

@@ -81,3 +81,11 @@ def test_headers_that_may_carry_a_credential_are_refused_each_by_its_path(
     assert all("may carry a credential" in m for m in errors.values())
     capture = parse_config(_doc(tmp_path, headers=harmless)).capture
     assert capture is not None and capture.headers == tuple(harmless)
+
+
+def test_the_queue_bound_in_bytes_is_configurable(tmp_path: Path) -> None:
+    capture = parse_config(_doc(tmp_path)).capture
+    assert capture is not None and capture.queue_bytes == 64 * 1024 * 1024
+    capture = parse_config(_doc(tmp_path, queue_bytes=1000)).capture
+    assert capture is not None and capture.queue_bytes == 1000
+    assert "capture.queue_bytes" in _errors(_doc(tmp_path, queue_bytes=0))

@@ -8,11 +8,18 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.config.model import Redaction
-from router.observe.redact import hash_text, prompt_size, redact, redact_error
+from router.observe.redact import (
+    _ascii_filler,
+    _run_filler,
+    hash_text,
+    prompt_size,
+    redact,
+    redact_error,
+)
 from turnout.common.tokens import count_chat, count_text, response_messages
 
 KEY = bytes(range(32))
@@ -290,6 +297,16 @@ def test_filler_keeps_length_whitespace_and_token_count(text: str) -> None:
     assert [c for c in filler if c.isspace()] == [c for c in text if c.isspace()]
     assert all(c.isascii() for c in filler if not c.isspace())
     filler.encode("utf-8")  # even a lone surrogate becomes writable filler
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.text(st.characters(max_codepoint=127)), st.integers(0, 3))
+def test_ascii_text_gets_the_filler_of_the_per_run_rule(text: str, slices: int) -> None:
+    """The masks over whole slices and the call per run make the same filler, across the
+    slices' edges too (``slices`` of 64 KiB put in front)."""
+    text = "ab, c\t" * (slices * 65536 // 6) + text
+    stream = hashlib.shake_256(text.encode()).digest(len(text))
+    assert _ascii_filler(text.encode("ascii"), stream) == _run_filler(text, stream)
 
 
 @given(
