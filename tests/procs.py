@@ -140,6 +140,14 @@ def start_emulator(
         yield proc
 
 
+@contextlib.contextmanager
+def start_misbehaving(*args: str, timeout: float = 20.0) -> Iterator[Process]:
+    """Run the scripted hostile backend (``python -m tests.misbehaving --port 0 ARGS``)."""
+    argv = [sys.executable, "-m", "tests.misbehaving", "--port", "0", *args]
+    with start_process(argv, "misbehaving listening on", timeout) as proc:
+        yield proc
+
+
 def run_replay(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     """``python -m turnout replay ARGS`` from the repository root, output captured, bounded
     in time."""

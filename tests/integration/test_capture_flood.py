@@ -8,7 +8,6 @@ import http.client
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import pytest
 
 from benchmarks.memory_bounds import settled, unknown_model_body
 from tests.integration.test_hostile_backend import _rss_kb
-from tests.procs import Process, start_process
+from tests.procs import Process, start_misbehaving
 from tests.router.harness import base_config, get, post, start_router, write_config
 from turnout.common.capture import parse_line
 
@@ -29,8 +28,7 @@ PIPE = 64 * 1024  # Linux's default pipe capacity
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[Process]:
-    argv = [sys.executable, "-m", "tests.misbehaving", "--port", "0"]
-    with start_process(argv, "misbehaving listening on") as proc:
+    with start_misbehaving() as proc:
         yield proc
 
 

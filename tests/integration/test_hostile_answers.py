@@ -9,7 +9,6 @@ metric ever carries the status it sent.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.misbehaving import INTERIM_BODY, INTERNAL_HOST, SECRET
-from tests.procs import Process, start_emulator, start_process
+from tests.procs import Process, start_emulator, start_misbehaving
 from tests.router.harness import (
     Reply,
     base_config,
@@ -42,8 +41,7 @@ LEAKS = (SECRET, INTERNAL_HOST, INTERIM_BODY.decode(), "gzip")
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[Process]:
-    argv = [sys.executable, "-m", "tests.misbehaving", "--port", "0"]
-    with start_process(argv, "misbehaving listening on") as proc:
+    with start_misbehaving() as proc:
         yield proc
 
 

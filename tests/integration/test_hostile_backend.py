@@ -5,7 +5,6 @@ is bounded, checked and cleaned before a client sees it, and what it gets wrong 
 from __future__ import annotations
 
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import openai
 import pytest
 
 from tests.misbehaving import INTERNAL_HOST, PAUSE, SECRET
-from tests.procs import Process, start_process
+from tests.procs import Process, start_misbehaving
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 TOTAL = 2.0
@@ -28,8 +27,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[Process]:
-    argv = [sys.executable, "-m", "tests.misbehaving", "--port", "0"]
-    with start_process(argv, "misbehaving listening on") as proc:
+    with start_misbehaving() as proc:
         yield proc
 
 

@@ -6,14 +6,13 @@ protocol error, and its client gets its answer's end or a clean error."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 
 import orjson
 import pytest
 
 from tests.integration.test_hostile_backend import _HealthPoller, _protocol_errors, _rss_kb
-from tests.procs import Process, start_process
+from tests.procs import Process, start_misbehaving
 from tests.router.harness import base_config, get, post, start_router, write_config
 
 MiB = 1 << 20
@@ -22,8 +21,7 @@ FLOOD = 256 * MiB
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[Process]:
-    argv = [sys.executable, "-m", "tests.misbehaving", "--port", "0", "--flood-bytes", str(FLOOD)]
-    with start_process(argv, "misbehaving listening on") as proc:
+    with start_misbehaving("--flood-bytes", str(FLOOD)) as proc:
         yield proc
 
 

@@ -10,12 +10,10 @@ hostile backend (tests/misbehaving.py). Each test is an attack that worked befor
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import socket
 import struct
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
-from tests.procs import Process, start_emulator, start_process
+from tests.procs import Process, start_emulator, start_misbehaving
 from tests.router.harness import base_config, post, request, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -38,13 +36,6 @@ KEYS = {name: f"sk-{name}-side-door" for name in ("ops", "tpm", "tok", "once", "
 
 def _key(name: str, **limits: Any) -> dict[str, Any]:
     return {"name": name, "sha256": hashlib.sha256(KEYS[name].encode()).hexdigest(), **limits}
-
-
-@contextlib.contextmanager
-def _misbehaving(*args: str) -> Iterator[Process]:
-    argv = [sys.executable, "-m", "tests.misbehaving", "--port", "0", *args]
-    with start_process(argv, "misbehaving listening on") as proc:
-        yield proc
 
 
 def _router_doc(emulator: str, hostile: str, *keys: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +76,7 @@ def _wait_idle(router: Process) -> None:
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    with start_emulator("vllm", time_scale=20) as emu, _misbehaving() as hostile:
+    with start_emulator("vllm", time_scale=20) as emu, start_misbehaving() as hostile:
         doc = _router_doc(
             emu.url,
             hostile.url,
@@ -104,7 +95,7 @@ def test_a_backend_reporting_a_context_of_one_cannot_switch_off_token_limits(
 ) -> None:
     with (
         start_emulator("vllm", time_scale=50) as emu,
-        _misbehaving("--max-model-len", "1") as hostile,
+        start_misbehaving("--max-model-len", "1") as hostile,
     ):
         doc = _router_doc(emu.url, hostile.url, _key("tpm", tokens_per_minute=40_000))
         with start_router(write_config(tmp_path, doc)) as router:
@@ -144,7 +135,7 @@ def test_n_choices_are_charged_per_choice(router: Process) -> None:
 def test_a_client_that_leaves_before_the_answer_pays_the_budget(tmp_path: Path) -> None:
     """It leaves with a reset (a client that merely shuts its sending side is still
     answered: router.server.wire), while the engine generates its 30,000 tokens."""
-    with start_emulator("vllm", time_scale=20) as emu, _misbehaving() as hostile:
+    with start_emulator("vllm", time_scale=20) as emu, start_misbehaving() as hostile:
         doc = _router_doc(emu.url, hostile.url, _key("tpm", tokens_per_minute=40_000))
         with start_router(write_config(tmp_path, doc)) as router:
             body = json.dumps(
