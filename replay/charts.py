@@ -27,9 +27,6 @@ CHARTS = """(function () {
   // one time axis for every chart: the longest run's windows
   const XMAX = Math.max(...timed.map((r) => r.t.starts_s[r.t.starts_s.length - 1] +
                                               r.t.window_s));
-  const tick = (v) => Math.abs(v) >= 1000 ? (v / 1000).toLocaleString("en",
-    {maximumFractionDigits: 1}) + "k" : v.toLocaleString("en",
-    {maximumFractionDigits: Math.abs(v) >= 100 ? 0 : 1});
   function frame(box, title, series, kind) {
     const fig = document.createElement("figure");
     node("figcaption", title, fig);

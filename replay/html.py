@@ -47,7 +47,8 @@ td.better{color:#17692b;font-weight:600} td.worse{color:#a61b1b;font-weight:600}
 .scroll{overflow-x:auto;max-width:100%}
 .verdict{font-size:16px;font-weight:600;background:#f4f4f8;padding:8px 12px;margin:6px 0}
 .plots{display:flex;flex-wrap:wrap;gap:16px}
-figure{margin:0} figcaption{font-weight:600;margin-bottom:4px}
+figure{margin:0}
+figcaption{font-weight:600;margin-bottom:4px;width:0;min-width:100%}
 nav a{margin-right:12px} h2{margin-top:32px;border-bottom:1px solid #ddd}
 .note{color:#555}
 </style></head>
@@ -90,6 +91,10 @@ function node(tag, text, parent) {
   return e;
 }
 function fmt(v) { return v === null || v === undefined ? "-" : v.toFixed(1); }
+// an axis label: 980, 5.8k, 12.5 (one style on every chart of the page)
+const tick = (v) => Math.abs(v) >= 1000 ? (v / 1000).toLocaleString("en",
+  {maximumFractionDigits: 1}) + "k" : v.toLocaleString("en",
+  {maximumFractionDigits: Math.abs(v) >= 100 ? 0 : 1});
 function table(boxId, t) {
   const box = document.getElementById(boxId);
   node("h3", t.title, box);
@@ -154,7 +159,7 @@ function plot(metric, group, series) {
   }
   for (const [f, anchor] of [[0, "start"], [0.5, "middle"], [1, "end"]]) {
     el("text", {x: x(f * max), y: y(0) + 14, "text-anchor": anchor, "font-size": 11}, svg)
-      .textContent = fmt(f * max) + " ms";
+      .textContent = tick(f * max) + " ms";
   }
   series.forEach((s, i) => {
     const n = s.values.length;

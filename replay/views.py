@@ -128,6 +128,7 @@ def cost_tables(report: Mapping[str, Any]) -> list[Table]:
     if not priced:
         return []
     rows, busy = [], []
+    noted = False  # a column of notes only where some backend has no price
     for run, cost in priced:
         for cls, c in [*cost["by_class"].items(), ("all requests", cost)]:
             missing = ", ".join(c["unpriced"])
@@ -141,6 +142,7 @@ def cost_tables(report: Mapping[str, Any]) -> list[Table]:
                     f"no price for {missing}" if missing else "",
                 ]
             )
+            noted = noted or bool(missing)
         for name, b in cost["by_backend"].items():
             busy.append(
                 [
@@ -151,7 +153,9 @@ def cost_tables(report: Mapping[str, Any]) -> list[Table]:
                     _usd(b["usd"]),
                 ]
             )
-    head = ["Run", "Class", "USD", "USD / 1M output tokens", "Cache hits saved (USD)", ""]
+    head = ["Run", "Class", "USD", "USD / 1M output tokens", "Cache hits saved (USD)", "Note"]
+    if not noted:
+        head, rows = head[:-1], [row[:-1] for row in rows]
     return [
         Table("Cost per class", head, rows, [None] * len(rows)),
         Table(
