@@ -51,11 +51,11 @@ def forward_to(upstream: str) -> Serve:
             kind = {"Content-Type": head.headers.get("Content-Type", "")}
             if not kind["Content-Type"].startswith("text/event-stream"):
                 return Answer(head.status, kind, await conn.read())
-            transport = await client.start(head.status, kind)
-            assert transport is not None
-            conn.stream(lambda data: transport.write(b"%x\r\n%b\r\n" % (len(data), data)))
+            out = await client.start(head.status, kind)
+            assert out is not None
+            conn.stream(out.write)
             await conn.finished()
-            await client.end()
+            await out.end()
             return None
         finally:
             pool.release(conn)

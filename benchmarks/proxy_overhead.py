@@ -302,7 +302,8 @@ def _versus(upstream: str, router: str, pid: int, args: argparse.Namespace, tmp:
                vs.Proxy("floor-lean", lean_url, lean.pid)]  # fmt: skip
     base = None
     if args.baseline:  # the router package imported from that tree, on the same config
-        run = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('router')"
+        run = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1));"
+               " runpy.run_module('turnout', run_name='__main__')")  # fmt: skip
         cfg = _router_config(upstream, tmp, access_log=not args.no_access_log)
         argv = [sys.executable, "-c", run, args.baseline, "serve", "--config", str(cfg)]
         base, base_url = spawn_ready(argv, "turnout listening on ", 30)

@@ -1,10 +1,11 @@
 """Passing an upstream answer to the client: whole if JSON, chunk by chunk if SSE.
 
 The streaming hot path is :class:`Forward`, which the upstream connection calls from its
-``data_received``: note the time, let the meter scan the bytes, write them to the client as
-one HTTP chunk. No task wakes up, nothing is logged or re-encoded per chunk. Back-pressure
-runs the other way: when the client's socket buffer fills, reading from the backend pauses
-until it drains (the engine then holds the tokens, as it would for a slow direct client).
+``data_received``: note the time, let the meter scan the bytes, hand them to the client's
+answer, which frames them (router.server.answer.Chunks). No task wakes up, nothing is logged
+or re-encoded per chunk. Back-pressure runs the other way: when the client's socket buffer
+fills, reading from the backend pauses until it drains (the engine then holds the tokens, as
+it would for a slow direct client).
 
 What a backend sends is bounded and checked: an SSE event over the meter's size limit aborts
 the upstream (the client's stream ends with an error event after the whole events before it),
@@ -32,7 +33,7 @@ from router.proxy.upstream import (
     UpstreamFault,
     replacement_error,
 )
-from router.server.answer import Answer, Client
+from router.server.answer import Answer, Chunks, Client
 from router.server.errors import error_answer, sse_error_event
 from turnout.common.sse import StreamMeter
 
@@ -40,22 +41,22 @@ CLIENT_CLOSED = 499  # nginx's code for "client closed the connection"; metrics 
 
 
 class Forward:
-    """The sink for one SSE stream: meter, then write to the client as an HTTP chunk.
+    """The sink for one SSE stream: meter, then write to the client's answer.
 
     When the meter gives up on the stream (an event over its size limit), the upstream
     connection is aborted at once: the meter keeps nothing more, so nothing more can be sent.
     """
 
-    __slots__ = ("_conn", "_meter", "_on_first_content", "_transport", "last")
+    __slots__ = ("_conn", "_meter", "_on_first_content", "_write", "last")
 
     def __init__(
         self,
-        transport: asyncio.Transport,
+        out: Chunks,
         meter: StreamMeter,
         on_first_content: Callable[[], None],
         conn: Connection,
     ) -> None:
-        self._transport = transport
+        self._write = out.write
         self._meter = meter
         self._on_first_content: Callable[[], None] | None = on_first_content
         self._conn: Connection | None = conn
@@ -70,15 +71,10 @@ class Forward:
             self._on_first_content()
             self._on_first_content = None
         if out:
-            self.write(out)  # whole events only, also when the meter has just given up
+            self._write(out)  # whole events only, also when the meter has just given up
         if meter.failure is not None and self._conn is not None:
             self._conn.abort(UpstreamError(meter.failure))
             self._conn = None
-
-    def write(self, data: bytes) -> None:
-        """Write ``data`` as one chunk of the client's chunked response."""
-        if not self._transport.is_closing():
-            self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
 
 class IdleWatch:
@@ -149,10 +145,10 @@ async def relay(
     headers = downstream_headers(head.headers, extra)
     if not head.headers.get("Content-Type", "").startswith("text/event-stream"):
         return await _whole(opened, headers, meter, max_body)
-    transport = await client.start(head.status, headers)
-    if transport is None:  # the client left while the head was being written
+    out = await client.start(head.status, headers)
+    if out is None:  # the client left while the head was being written
         return Relayed(None, CLIENT_CLOSED, None)
-    forward = Forward(transport, meter, opened.lease.prefilled, conn)
+    forward = Forward(out, meter, opened.lease.prefilled, conn)
     watch = IdleWatch(conn, forward, idle) if idle else None
     flow = client.flow
     flow.attach(conn.pause, conn.resume)
@@ -181,12 +177,12 @@ async def relay(
         if broken is None:
             tail = meter.flush()  # an unterminated last event (after [DONE])
             if tail:
-                forward.write(tail)
+                out.write(tail)
         else:
             # Bytes already reached the client, so no retry: end its stream with an error,
             # after whole events only (a held-back partial one is not sent).
-            forward.write(sse_error_event(broken, code, status))
-        await client.end()
+            out.write(sse_error_event(broken, code, status))
+        await out.end()
     except ConnectionResetError:
         return Relayed(None, CLIENT_CLOSED, None)
     finally:

@@ -40,8 +40,8 @@ class FlowControl:
     """The client socket's writability, for a producer that writes straight to its transport,
     and the timeout for a client that reads none of it.
 
-    A stream relayed straight to the transport (router.proxy.relay) attaches its pause and
-    resume callbacks; they are called when the client's socket buffer fills and drains. The
+    A stream relayed as it arrives (router.proxy.relay) attaches its pause and resume
+    callbacks; they are called when the client's socket buffer fills and drains. The
     connection's protocol reports both (:meth:`pause`, :meth:`resume`), and while the buffer
     stays full a timer runs that aborts the connection: no per-chunk work, one timer a pause.
     """
@@ -86,6 +86,25 @@ class FlowControl:
             self._stall = None
 
 
+class Chunked:
+    """:class:`Chunks` written straight to the client connection's transport, as both servers
+    answer a stream: one ``write`` a chunk, framed in the one copy the frame needs."""
+
+    __slots__ = ("_transport",)
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def write(self, data: bytes) -> None:
+        if not self._transport.is_closing():
+            self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def end(self) -> None:
+        if self._transport.is_closing():
+            raise ConnectionResetError("the client has gone")
+        self._transport.write(b"0\r\n\r\n")
+
+
 class Client(Protocol):
     """One request as the request path sees it, and the connection its answer goes out on."""
 
@@ -105,13 +124,28 @@ class Client(Protocol):
         takes longer than ``limits.body_seconds`` (raised as router.server.errors.RouterError)."""
         ...
 
-    async def start(self, status: int, headers: Mapping[str, str]) -> asyncio.Transport | None:
-        """Send a chunked answer's head; the transport to write its chunks to, or None if
-        the client has gone."""
+    async def start(self, status: int, headers: Mapping[str, str]) -> Chunks | None:
+        """Send a chunked answer's head; the answer to write its body to, or None if the
+        client has gone."""
+        ...
+
+
+class Chunks(Protocol):
+    """A chunked answer whose head is out: the server's per-request response object.
+
+    It owns the HTTP framing, so the request path hands it bytes and never sees a transport
+    or the server behind it. Both calls come from any context: :meth:`write` is called from
+    the upstream connection's ``data_received`` (router.proxy.relay), so it writes at once
+    and never waits (back-pressure goes through :class:`FlowControl`).
+    """
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` (not empty) as one piece of the body; nothing once the client has
+        gone."""
         ...
 
     async def end(self) -> None:
-        """End the chunked answer; raises ``ConnectionResetError`` if the client has gone."""
+        """End the answer; raises ``ConnectionResetError`` if the client has gone."""
         ...
 
 

@@ -43,7 +43,7 @@ from aiohttp.web_server import Server
 from multidict import CIMultiDictProxy
 
 from router.config.model import LimitSettings
-from router.server.answer import Answer, FlowControl, Serve
+from router.server.answer import Answer, Chunked, FlowControl, Serve
 from router.server.errors import SERVER, RouterError, error_body, error_response
 
 log = logging.getLogger("router")
@@ -176,14 +176,11 @@ class AiohttpClient:
     async def body(self, limit: int, limits: LimitSettings) -> bytes:
         return await read_body(self._request, limit, limits)
 
-    async def start(self, status: int, headers: Mapping[str, str]) -> asyncio.Transport | None:
-        self._out = web.StreamResponse(status=status, headers=headers)
-        await self._out.prepare(self._request)  # aiohttp writes the head now; chunks are ours
-        return self._request.transport
-
-    async def end(self) -> None:
-        assert self._out is not None
-        await self._out.write_eof()
+    async def start(self, status: int, headers: Mapping[str, str]) -> Chunked | None:
+        self._out = out = web.StreamResponse(status=status, headers=headers)
+        await out.prepare(self._request)  # sends the head, and chunked (no length given)
+        transport = self._request.transport
+        return None if transport is None else _AiohttpChunks(transport, out)
 
     async def answer(self, serve: Serve) -> web.StreamResponse:
         """Run ``serve`` for this request; what aiohttp is to send (or has sent) for it."""
@@ -192,6 +189,21 @@ class AiohttpClient:
             assert self._out is not None
             return self._out
         return answer.response()
+
+
+class _AiohttpChunks(Chunked):
+    """A stream's body under aiohttp's head: written straight to the transport (aiohttp's
+    own ``write`` is a coroutine, and the relay writes from ``data_received``), ended by
+    aiohttp, which writes the last chunk and then serves the connection's next request."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, transport: asyncio.Transport, response: web.StreamResponse) -> None:
+        super().__init__(transport)
+        self._response = response
+
+    async def end(self) -> None:
+        await self._response.write_eof()  # its error on a closed transport: a ConnectionResetError
 
 
 class GuardedHandler(RequestHandler):

@@ -48,7 +48,7 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.config.model import LimitSettings
-from router.server.answer import Answer, FlowControl, Serve
+from router.server.answer import Answer, Chunked, FlowControl, Serve
 from router.server.errors import SERVER
 from router.server.site import GuardedSite, Opened, check_media, too_large, too_slow
 
@@ -168,11 +168,8 @@ class Request:
                 raise too_slow(limits) from None
         return bytes(self._body)
 
-    async def start(self, status: int, headers: Mapping[str, str]) -> asyncio.Transport | None:
+    async def start(self, status: int, headers: Mapping[str, str]) -> Chunked | None:
         return self._wire.start(status, headers)
-
-    async def end(self) -> None:
-        self._wire.end()
 
     def received(self, piece: bytes) -> None:
         self._body += piece
@@ -294,20 +291,14 @@ class Wire(asyncio.Protocol):
 
     # -- the request path's side (through Request) ------------------------------------------
 
-    def start(self, status: int, headers: Mapping[str, str]) -> asyncio.Transport | None:
+    def start(self, status: int, headers: Mapping[str, str]) -> Chunked | None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return None
         framing = self._framing(b"Transfer-Encoding: chunked\r\n")
         transport.write(_head(status, headers, framing, self._connections.date.now()))
         self._answering = True
-        return transport
-
-    def end(self) -> None:
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("the client has gone")
-        transport.write(b"0\r\n\r\n")
+        return Chunked(transport)
 
     # -- parsing ----------------------------------------------------------------------------
 

@@ -95,6 +95,38 @@ async def test_unusual_shapes_are_served_by_aiohttp_from_their_first_byte(
         writer.close()
 
 
+async def test_both_servers_frame_a_stream_alike_and_keep_the_connection(
+    tmp_path: Path,
+) -> None:
+    """A stream is framed by the answer object of whichever server took its request
+    (router.server.answer.Chunks): the lean server's, or aiohttp's for a chunked request
+    body. Both send the same events in valid chunks, end them, and serve the next request on
+    the same connection."""
+    doc = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    data = orjson.dumps(doc)
+    by_aiohttp = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data)
+    )
+    events: list[list[bytes]] = []
+    async with in_process_router(tmp_path, config()) as ip:
+        for request, lean in ((chat(body=data), 1), (by_aiohttp, 0)):
+            reader, writer = await connect(ip)
+            writer.write(request)
+            (status, headers), body = await answer(reader)
+            assert status == 200 and headers["content-type"] == "text/event-stream"
+            assert headers["transfer-encoding"] == "chunked" and "content-length" not in headers
+            assert body.endswith(b"data: [DONE]\n\n")
+            events.append(body.split(b"\n\n"))
+            assert ip.served.connections.lean == lean  # which server has the connection
+            writer.write(chat())
+            (status, _), body = await answer(reader)
+            assert status == 200 and orjson.loads(body)["choices"]
+            writer.close()
+            await writer.wait_closed()
+    assert events[0] == events[1] and len(events[0]) > 3  # two deltas, [DONE], ''
+
+
 async def test_a_request_sent_during_a_stream_is_answered_after_it(tmp_path: Path) -> None:
     async with in_process_router(tmp_path, config()) as ip:
         ip.engine.release.clear()
