@@ -29,6 +29,7 @@ from replay.synth import PromptSynth
 from replay.tables import render_tables
 from replay.versus import main as compare_main
 from turnout.common.capture import dump_line
+from turnout.common.pipes import closes_quietly
 
 
 def _url(text: str) -> str:
@@ -145,6 +146,7 @@ def _convert(argv: list[str]) -> int:
     return 0
 
 
+@closes_quietly
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     args_in = sys.argv[1:] if argv is None else argv
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         gc.set_threshold(100_000, 50, 1000)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runs = runner.run(replayer.run())
+    except BrokenPipeError:
+        raise  # stdout's reader went away: not bad input (see closes_quietly)
     except (SourceError, OSError, ValueError, TargetError) as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from turnout import __version__
+from turnout.common.pipes import closes_quietly
 
 
 class Command(NamedTuple):
@@ -78,6 +79,7 @@ def usage() -> str:
     return "\n".join(lines) + "\n"
 
 
+@closes_quietly
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
