@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.base import Filter
+from policies.candidates import in_groups
 from policies.params import BuildContext, class_orders
-from policies.types import Candidate, RequestClass, RequestInfo, group_of
+from policies.types import Candidate, RequestClass, RequestInfo
 from turnout.common.schema import Reader
 
 
@@ -18,7 +19,7 @@ class MembersFilter:
     names: frozenset[str]
 
     def filter(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
-        return [c for c in candidates if group_of(c.name) in self.names]
+        return in_groups(candidates, self.names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +29,7 @@ class ClassMembersFilter:
     names: dict[RequestClass, frozenset[str]]
 
     def filter(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
-        allowed = self.names.get(req.request_class, frozenset())
-        return [c for c in candidates if group_of(c.name) in allowed]
+        return in_groups(candidates, self.names.get(req.request_class, frozenset()))
 
 
 @dataclass(frozen=True, slots=True)

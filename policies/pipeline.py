@@ -22,6 +22,7 @@ from policies.base import (
     PipelineObserver,
     Scorer,
 )
+from policies.candidates import healthy
 from policies.pickers import MaxScorePicker
 from policies.types import Candidate, Decision, Outcome, RequestInfo
 
@@ -106,7 +107,7 @@ class PipelinePolicy:
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
         """Rank the candidates for ``req``."""
         clock = time.perf_counter
-        survivors: Sequence[Candidate] = [c for c in candidates if c.healthy]
+        survivors = healthy(candidates)
         if not survivors:
             return Decision((), empty_reason=NO_HEALTHY)
         for flt, timer, emptied, reason in self._filter_runs:

@@ -37,6 +37,7 @@ class Breaker:
         "_failures",
         "_max",
         "_may_eject",
+        "_on_change",
         "_open_until",
         "_threshold",
         "ejections",
@@ -50,8 +51,12 @@ class Breaker:
         cooldown_max: float,
         clock: Callable[[], float],
         may_eject: Callable[[], bool] = lambda: True,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_change`` is called whenever :meth:`allows` may have changed other than by
+        the clock passing :attr:`reopens_at` (the pool keeps its candidate sets by it)."""
         self._threshold = threshold
+        self._on_change = on_change
         self._may_eject = may_eject
         self._base = cooldown
         self._max = max(cooldown, cooldown_max)
@@ -76,6 +81,13 @@ class Breaker:
         """Open or half-open: out of service until a probe succeeds."""
         return self._open_until is not None
 
+    @property
+    def reopens_at(self) -> float | None:
+        """While open: when the cooldown ends and a probe may go (None otherwise)."""
+        if self._open_until is None or self._clock() >= self._open_until:
+            return None
+        return self._open_until
+
     def allows(self) -> bool:
         """Whether a new request may be sent now."""
         if self._open_until is None:
@@ -92,12 +104,14 @@ class Breaker:
         if self.probing or self._clock() < self._open_until:
             return UNCOUNTED
         self.probing = True
+        self._on_change()
         return self._epoch
 
     def ended(self, ticket: int) -> None:
         """The request of ``ticket`` ended (its verdict, if any, comes through ok/failed)."""
-        if ticket == self._epoch and self._open_until is not None:
+        if ticket == self._epoch and self._open_until is not None and self.probing:
             self.probing = False  # the probe's: the next request may probe
+            self._on_change()
 
     def ok(self, ticket: int) -> int:
         """The request of ``ticket`` was answered properly; the ticket it holds from now on
@@ -133,6 +147,7 @@ class Breaker:
         """A change of state: every ticket handed out so far stops counting."""
         self._epoch += 1
         self.probing = False
+        self._on_change()
         return self._epoch
 
     @property

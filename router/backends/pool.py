@@ -16,16 +16,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from policies.candidates import Candidates
 from policies.types import Candidate, EngineLoad, RequestInfo, group_of
 from router.backends.breaker import Breaker
+from router.backends.serving import Serving, ServingSets
 from router.backends.shared import Slot, WorkerRow
 from router.config.backends import ClientTls, client_tls
 from router.config.model import BackendSpec, HealthSettings
 
 log = logging.getLogger("router")
 Clock = Callable[[], float]
-DEFAULT_CONTEXT_TOKENS = 131_072
-"""A context length for engines that report none (the common 128 Ki of current models)."""
 
 
 class BackendState:
@@ -38,8 +38,12 @@ class BackendState:
         clock: Clock,
         may_eject: Callable[[], bool] = lambda: True,
         shared: Slot | None = None,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
-        self.spec = spec
+        """``changed`` is called when what decides the pool's candidate sets changes: the
+        spec, health, ejection, models or context length (see :class:`Pool`)."""
+        self._changed = changed
+        self._spec = spec
         self._health = health
         self._clock = clock
         self.api_key: str | None = os.environ.get(spec.api_key_env) if spec.api_key_env else None
@@ -49,16 +53,60 @@ class BackendState:
         # there (router.backends.shared) and that sum is what the properties below read.
         self._inflight = self._prompt = self._output = 0
         self._shared = shared
-        self.probe_ok = True
+        self._probe_ok = True
         self._probe_failures = 0
         self.breaker = Breaker(
-            health.failures_to_eject, health.cooldown, health.cooldown_max, clock, may_eject
+            health.failures_to_eject,
+            health.cooldown,
+            health.cooldown_max,
+            clock,
+            may_eject,
+            changed,
         )
-        self.discovered_models: tuple[str, ...] = ()
-        self.context_tokens: int | None = None
-        """The context length its /v1/models reports (vLLM's ``max_model_len``), if any."""
+        self._models: tuple[str, ...] = ()
+        self._context: int | None = None
         self.load: EngineLoad | None = None
         self._load_at = 0.0
+
+    def _set(self, attr: str, value: object) -> None:
+        if getattr(self, attr) != value:
+            setattr(self, attr, value)
+            self._changed()
+
+    @property
+    def spec(self) -> BackendSpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: BackendSpec) -> None:
+        self._set("_spec", spec)
+
+    @property
+    def probe_ok(self) -> bool:
+        """Its health probes pass (see :meth:`probe_result`)."""
+        return self._probe_ok
+
+    @probe_ok.setter
+    def probe_ok(self, ok: bool) -> None:
+        self._set("_probe_ok", ok)
+
+    @property
+    def discovered_models(self) -> tuple[str, ...]:
+        """The models its /v1/models listed."""
+        return self._models
+
+    @discovered_models.setter
+    def discovered_models(self, models: tuple[str, ...]) -> None:
+        self._set("_models", models)
+
+    @property
+    def context_tokens(self) -> int | None:
+        """The context length its /v1/models reports (vLLM's ``max_model_len``), if any."""
+        return self._context
+
+    @context_tokens.setter
+    def context_tokens(self, tokens: int | None) -> None:
+        self._set("_context", tokens)
 
     @property
     def name(self) -> str:
@@ -255,6 +303,10 @@ class Pool:
 
     The set changes only through :meth:`add` and :meth:`remove` (router.backends.fleet):
     a removed backend's object lives on in the leases of its requests still in flight.
+
+    Per model, the backends that serve it are kept between requests (router.backends.serving)
+    and dropped whenever a backend's health, ejection, models, spec or membership changes, or
+    the aliases do: a request costs the same whatever the fleet's size.
     """
 
     def __init__(
@@ -271,26 +323,40 @@ class Pool:
         self._shared = shared
         self._clock = clock
         self._on_panic = on_panic
+        self._aliases = aliases
+        self._sets = ServingSets(self._upstream_model, clock)
         # Discovered entries join as their replicas are found (router.backends.fleet).
         self.backends = [self.state(s) for s in specs if s.discover is None]
         self.by_name = {b.name: b for b in self.backends}
-        self.aliases = aliases
+
+    @property
+    def aliases(self) -> Mapping[str, Mapping[str, str]]:
+        return self._aliases
+
+    @aliases.setter
+    def aliases(self, aliases: Mapping[str, Mapping[str, str]]) -> None:
+        self._aliases = aliases
+        self._sets.clear()
 
     def state(self, spec: BackendSpec) -> BackendState:
         """A backend for ``spec`` under this pool's settings, not yet in it (see :meth:`add`)."""
         slot = self._shared.slot(spec.name) if self._shared is not None else None
-        return BackendState(spec, self._health, self._clock, self._may_eject, slot)
+        return BackendState(
+            spec, self._health, self._clock, self._may_eject, slot, self._sets.clear
+        )
 
     def add(self, backend: BackendState) -> None:
         """``backend`` is offered to policies from now on (its name must be new)."""
         self.backends.append(backend)
         self.by_name[backend.name] = backend
+        self._sets.clear()
 
     def remove(self, name: str) -> BackendState | None:
         """Offer ``name`` no more; the requests it holds finish on the returned object."""
         backend = self.by_name.pop(name, None)
         if backend is not None:
             self.backends.remove(backend)
+            self._sets.clear()
         return backend
 
     def members(self, name: str) -> list[BackendState]:
@@ -305,7 +371,10 @@ class Pool:
 
     def upstream_model(self, backend: BackendState, model: str) -> str | None:
         """The model name ``backend`` knows client ``model`` by; None if it cannot serve it."""
-        alias = self.aliases.get(model)
+        return self._upstream_model(backend, model)
+
+    def _upstream_model(self, backend: BackendState, model: str) -> str | None:
+        alias = self._aliases.get(model)
         if alias is not None:
             return alias.get(group_of(backend.name))
         served = backend.models
@@ -314,42 +383,39 @@ class Pool:
         return None
 
     def known_model(self, model: str) -> bool:
-        return any(self.upstream_model(b, model) is not None for b in self.backends)
+        return bool(self._serving(model).served)
 
-    def candidates(self, model: str) -> list[Candidate]:
-        """Healthy backends that can serve ``model``, as snapshots for a policy.
+    def candidates(self, model: str) -> Candidates:
+        """Healthy backends that can serve ``model``, as a view whose snapshots are taken
+        when a policy reads them (policies/candidates.py).
 
         Panic mode: when none of them is healthy (probes failing or breaker open), all of
         them are offered as healthy. A whole fleet found out is more often a wrong verdict (or
         one about to expire) than a dead fleet, and an attempt costs little next to a certain
         503; failover still moves past the ones that really are down.
         """
-        # One snapshot per serving backend: its health is read once.
-        serving = [
-            b.candidate() for b in self.backends if self.upstream_model(b, model) is not None
-        ]
-        healthy = [c for c in serving if c.healthy]
-        if healthy or not serving:
-            return healthy
-        # Backends listing no models serve any name: label only names the pool knows.
-        self._on_panic(model if model in self.model_ids() else "other")
-        return [replace(c, healthy=True) for c in serving]
+        serving = self._serving(model)
+        if serving.panic:
+            # Backends listing no models serve any name: label only names the pool knows.
+            self._on_panic(model if model in self._sets.named else "other")
+        return serving.members.view()
+
+    def serving(self, model: str) -> tuple[BackendState, ...]:
+        """The backends :meth:`candidates` offers for ``model``, in order."""
+        return self._serving(model).backends
 
     def context_tokens(self, model: str) -> int:
         """The most tokens one request for ``model`` can use: the smallest context length
-        its backends report, else :data:`DEFAULT_CONTEXT_TOKENS`."""
-        known = [
-            b.context_tokens
-            for b in self.backends
-            if b.context_tokens is not None and self.upstream_model(b, model) is not None
-        ]
-        return min(known, default=DEFAULT_CONTEXT_TOKENS)
+        its backends report, else
+        :data:`router.backends.serving.DEFAULT_CONTEXT_TOKENS`."""
+        return self._serving(model).context
+
+    def _serving(self, model: str) -> Serving:
+        return self._sets.get(model, self.backends, self._aliases)
 
     def model_ids(self) -> list[str]:
         """The union of every backend's models and the configured aliases, sorted."""
-        ids = {m for b in self.backends for m in b.models}
-        ids.update(self.aliases)
-        return sorted(ids)
+        return sorted(self._sets.ids(self.backends, self._aliases))
 
     def any_healthy(self) -> bool:
         return any(b.healthy for b in self.backends)

@@ -2,9 +2,9 @@
 
 Keys come from the config as an environment variable, a file or a SHA-256 hex digest; only
 digests are kept in memory, never the key itself, and nothing here logs or captures one.
-A presented key is hashed and compared against every known digest with
-:func:`hmac.compare_digest`, without stopping at the first match, so the time taken does not
-depend on which key (if any) matched.
+A presented key is hashed and its digest looked up among the known ones (one lookup however
+many keys there are): the caller controls the key, not its digest, so how long the lookup
+takes tells it nothing of any known key.
 
 Per key: allowed models (403 otherwise), a class and a policy that win over the request's
 headers unless the key allows overrides, a requests-per-minute and a tokens-per-minute token
@@ -253,6 +253,10 @@ class Gate:
                 self._tenants.append(Tenant(spec, digest, clock))
         if errors:
             raise ConfigError(errors)
+        # By digest (a key listed twice: its last entry, as before). Looking a digest up
+        # tells a caller nothing of any key: what it controls is the key, and the digest
+        # of a wrong one is unrelated to every right one's.
+        self._by_digest = {t.digest: t for t in self._tenants}
 
     @property
     def keyless(self) -> bool:
@@ -267,12 +271,7 @@ class Gate:
         if self.keyless:
             return None
         key = presented_key(headers)
-        found: Tenant | None = None
-        if key is not None:
-            digest = digest_of(key)
-            for tenant in self._tenants:  # no early exit: constant in which key matched
-                if hmac.compare_digest(digest, tenant.digest):
-                    found = tenant
+        found = self._by_digest.get(digest_of(key)) if key is not None else None
         if found is None and self.required:
             raise RouterError(401, "invalid or missing API key", code="invalid_api_key")
         return found

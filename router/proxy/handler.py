@@ -248,7 +248,12 @@ def _plan(
     state.metrics.decision(policy.name, time.perf_counter() - t0)
     targets: list[Target] = []
     saturated = False
+    # No more attempts than failover makes: a body is made per target, and a policy may rank
+    # the whole fleet.
+    attempts = state.config.failover.max_attempts
     for name in decision.ranked:
+        if len(targets) == attempts:
+            break
         backend = pool.by_name[name]
         model = pool.upstream_model(backend, info.model)
         if model is None:

@@ -122,7 +122,7 @@ def _backends(state: RouterState, model: str | None) -> list[BackendState]:
     else:
         if not pool.known_model(model):
             raise RouterError(404, f"model '{model}' does not exist", "model", "model_not_found")
-        backends = [pool.by_name[c.name] for c in pool.candidates(model)]
+        backends = list(pool.serving(model))
     if not backends:
         raise RouterError(503, "no healthy backend serves this model", code="no_backend")
     return sorted(backends, key=lambda b: b.inflight)

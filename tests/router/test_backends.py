@@ -181,7 +181,7 @@ def test_panic_mode_offers_every_backend_of_a_model_when_all_are_out() -> None:
     assert [(x.name, x.healthy) for x in offered] == [("a", True), ("b", True)]
     assert panics == ["m1"]
     assert [x.name for x in p.candidates("m2")] == ["c"]  # other models are not affected
-    assert p.candidates("m3") == [] and panics == ["m1"]  # no backend serves it: no panic
+    assert not p.candidates("m3") and panics == ["m1"]  # no backend serves it: no panic
 
 
 def test_panic_for_a_name_no_backend_lists_is_counted_as_other() -> None:
