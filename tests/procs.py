@@ -161,13 +161,23 @@ def run_replay(*args: str, timeout: float = 120.0) -> subprocess.CompletedProces
     )
 
 
+def _status_kib(pid: int, field: str) -> int:
+    """A ``/proc/PID/status`` figure the kernel gives in kB (``VmRSS``, ``VmHWM``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for process {pid}")
+
+
+def rss_kb(pid: int) -> int:
+    """The process's resident set size now, in kB."""
+    return _status_kib(pid, "VmRSS")
+
+
 def peak_rss_mib(pid: int) -> float:
     """The process's peak RSS (the kernel's ``VmHWM``) since it started or since
     :func:`reset_peak_rss`, in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmHWM for process {pid}")
+    return _status_kib(pid, "VmHWM") / 1024
 
 
 def reset_peak_rss(pid: int) -> None:

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from benchmarks.memory_bounds import settled, unknown_model_body
-from tests.integration.test_hostile_backend import _rss_kb
-from tests.procs import Process, start_misbehaving
+from tests.procs import Process, rss_kb, start_misbehaving
 from tests.router.harness import base_config, get, post, start_router, write_config
 from turnout.common.capture import parse_line
 
@@ -111,13 +110,13 @@ def test_a_flood_of_large_requests_keeps_the_queue_within_its_bytes(
     n = 48
     with start_router(config) as router:
         time.sleep(0.5)
-        before = _rss_kb(router.proc.pid)
+        before = rss_kb(router.proc.pid)
         peak = [before]
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(0.01):
-                peak[0] = max(peak[0], _rss_kb(router.proc.pid))
+                peak[0] = max(peak[0], rss_kb(router.proc.pid))
 
         sampler = threading.Thread(target=sample)
         sampler.start()

@@ -12,12 +12,11 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from tests.procs import Process, start_emulator
+from tests.procs import Process, rss_kb, start_emulator
 from tests.router.harness import base_config, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -165,13 +164,6 @@ def _port(router: Process) -> int:
     return port
 
 
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.parametrize("name", list(CORPUS))
 def test_malformed_gets_4xx_openai_error(router: Process, name: str) -> None:
     status, content_type, body = exchange(_port(router), CORPUS[name])
@@ -191,7 +183,7 @@ def test_memory_stays_flat_and_router_lives(router: Process) -> None:
         for data in CORPUS.values():
             status, _, _ = exchange(port, data)
             assert 400 <= status < 500
-        rss.append(_rss_kb(router.proc.pid))
+        rss.append(rss_kb(router.proc.pid))
     # Flat, not constant: the allocator keeps or returns a 10 MB body's memory as it likes,
     # so RSS swings by about that much between passes (seen: 45 to 63 MB and back). A leak
     # of one 10 MB body per pass would add 60 MB by the last passes; a swing stays under 24.

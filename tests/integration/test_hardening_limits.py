@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.procs import Process, start_emulator
+from tests.procs import Process, rss_kb, start_emulator
 from tests.router.harness import base_config, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -38,13 +38,6 @@ def _addr(router: Process) -> tuple[str, int]:
     parts = urlsplit(router.url)
     assert parts.hostname is not None and parts.port is not None
     return parts.hostname, parts.port
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
@@ -108,13 +101,13 @@ def test_a_trickled_body_gets_408(router: Process) -> None:
 
 
 def test_thousands_of_idle_connections_stay_cheap_and_are_closed(router: Process) -> None:
-    before = _rss_kb(router.proc.pid)
+    before = rss_kb(router.proc.pid)
     socks = []
     try:
         for _ in range(2000):
             socks.append(socket.create_connection(_addr(router), timeout=5))
         time.sleep(0.2)  # let the router accept them all
-        during = _rss_kb(router.proc.pid)
+        during = rss_kb(router.proc.pid)
         assert get(router.url + "/health").status == 200  # still serving
         _wait_all_closed(socks, IDLE + 10)
     finally:
@@ -171,7 +164,7 @@ def test_a_client_that_stops_reading_is_disconnected(router: Process) -> None:
         # Never read: the router's send buffer fills, its write waits, then times out.
         _wait_inflight(router, 1)
         _wait_inflight(router, 0)
-        rss = _rss_kb(router.proc.pid)
+        rss = rss_kb(router.proc.pid)
     finally:
         sock.close()
     # Ended by the router as a client that went away (499), not served to the end (200).

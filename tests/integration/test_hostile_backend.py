@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.misbehaving import INTERNAL_HOST, PAUSE, SECRET
-from tests.procs import Process, start_misbehaving
+from tests.procs import Process, rss_kb, start_misbehaving
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 TOTAL = 2.0
@@ -48,13 +48,6 @@ def router(backend: Process, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def _chat(model: str, stream: bool) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def _protocol_errors(router: Process, kind: str) -> float:
@@ -116,13 +109,13 @@ def test_endless_lines_keep_memory_bounded_and_health_answering(
     """50 streams, each trying to send 100 MB without a separator: the router keeps at most
     an event's limit (1 MiB) of each, cuts the backend off, and serves /health meanwhile."""
     sent_before = _flooded(backend)
-    rss_before = _rss_kb(router.proc.pid)
+    rss_before = rss_kb(router.proc.pid)
     peak = rss_before
     with _HealthPoller(router.url) as health, ThreadPoolExecutor(10) as pool:
         replies = pool.map(lambda _: post(router.url + "/v1/chat/completions",
                                           _chat("endless-line", True)), range(50))  # fmt: skip
         for reply in replies:
-            peak = max(peak, _rss_kb(router.proc.pid))
+            peak = max(peak, rss_kb(router.proc.pid))
             assert reply.status == 200
             body = reply.content
             # The first event whole, then the error event and [DONE]; no part of the long one.
@@ -133,7 +126,7 @@ def test_endless_lines_keep_memory_bounded_and_health_answering(
     assert health.statuses and set(health.statuses) == {200}
     flooded_mb = (_flooded(backend) - sent_before) / MiB
     assert flooded_mb >= 50, flooded_mb  # what the backend got out before each cut
-    growth_mb = (max(peak, _rss_kb(router.proc.pid)) - rss_before) / 1024
+    growth_mb = (max(peak, rss_kb(router.proc.pid)) - rss_before) / 1024
     assert growth_mb < 30, f"router RSS grew {growth_mb:.0f} MB"
 
 
@@ -150,7 +143,7 @@ def test_a_stream_cut_mid_event_ends_with_an_error_event_not_the_part(router: Pr
 
 def test_huge_body_gets_a_clean_502(router: Process) -> None:
     before = _protocol_errors(router, "body_too_large")
-    rss_before = _rss_kb(router.proc.pid)
+    rss_before = rss_kb(router.proc.pid)
     reply = post(router.url + "/v1/chat/completions", _chat("huge-body", False))
     assert reply.status == 502
     assert reply.headers["content-type"].startswith("application/json")
@@ -158,7 +151,7 @@ def test_huge_body_gets_a_clean_502(router: Process) -> None:
     assert error["code"] == "upstream_body_too_large" and str(BODY_LIMIT) in error["message"]
     assert _protocol_errors(router, "body_too_large") == before + 1
     assert get(router.url + "/health").status == 200
-    assert (_rss_kb(router.proc.pid) - rss_before) / 1024 < 4 * BODY_LIMIT / MiB
+    assert (rss_kb(router.proc.pid) - rss_before) / 1024 < 4 * BODY_LIMIT / MiB
 
 
 # -- malformed usage and finish fields -------------------------------------------------------

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from tests.integration.test_hostile_backend import _HealthPoller, _protocol_errors, _rss_kb
-from tests.procs import Process, start_misbehaving
+from tests.integration.test_hostile_backend import _HealthPoller, _protocol_errors
+from tests.procs import Process, rss_kb, start_misbehaving
 from tests.router.harness import base_config, get, post, start_router, write_config
 
 MiB = 1 << 20
@@ -43,7 +43,7 @@ def test_trailers_after_a_stream_end_it_cleanly_and_count(
     router: Process, backend: Process, mode: str
 ) -> None:
     before, sent = _protocol_errors(router, "trailers_too_large"), _sent(backend, mode)
-    rss = _rss_kb(router.proc.pid)
+    rss = rss_kb(router.proc.pid)
     with _HealthPoller(router.url) as health:
         # Read to the end of the router's answer, not only to [DONE] as the SDK does: a client
         # gone after [DONE] may leave before the router has read (or stopped reading) the
@@ -57,7 +57,7 @@ def test_trailers_after_a_stream_end_it_cleanly_and_count(
     assert set(health.statuses) <= {200} and get(router.url + "/health").status == 200
     assert _protocol_errors(router, "trailers_too_large") == before + 1
     assert (_sent(backend, mode) - sent) / MiB < 32  # of 256 MiB: the router stopped reading
-    assert (_rss_kb(router.proc.pid) - rss) / 1024 < 50
+    assert (rss_kb(router.proc.pid) - rss) / 1024 < 50
 
 
 @pytest.mark.parametrize("mode", ["endless-trailers", "huge-trailer"])
