@@ -11,15 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
+from emulator.kvtransfer import Pull
 from emulator.model import Engine, Sequence
 
 
 class Driver:
     """Real-time clock and wake-up plumbing around an :class:`Engine`."""
 
-    def __init__(self, engine: Engine, time_scale: float) -> None:
+    def __init__(
+        self, engine: Engine, time_scale: float, on_pull: Callable[[Pull], None] | None = None
+    ) -> None:
         self.engine = engine
+        self._on_pull = on_pull
         self.time_scale = time_scale
         self._loop = asyncio.get_running_loop()
         self._t0 = time.perf_counter()
@@ -54,9 +59,20 @@ class Driver:
         self._dispatch(now)  # complete what is due first: the model's clock never runs back
         self._waiters[seq] = event
         spent = (time.perf_counter() - arrived) * self.time_scale
-        self.engine.submit(seq, now, spent)
+        pull = self.engine.submit(seq, now, spent)
+        if pull is not None and self._on_pull is not None:
+            self._on_pull(pull)
         self._kick.set()
         return event
+
+    def hand_over(self, transfer_id: str) -> int | None:
+        """A decode engine pulls the blocks held under ``transfer_id`` now (see
+        :meth:`Engine.hand_over`)."""
+        now = self.model_now()
+        self._dispatch(now)
+        tokens = self.engine.hand_over(transfer_id, now)
+        self._kick.set()
+        return tokens
 
     def release(self, seq: Sequence) -> None:
         """Forget ``seq``; if it is still in the engine (client gone), cancel it."""

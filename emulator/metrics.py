@@ -8,12 +8,17 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from emulator.kvtransfer import Pull
 from emulator.model import Engine
 
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
     10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
+# vLLM's NIXL connector's buckets (its nixl_xfer_time_seconds drops the first)
+_XFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+_BYTES_BUCKETS = tuple(float(2**k) for k in range(16, 36, 2))  # 64 KiB to 16 GiB
+_BLOCK_BUCKETS = tuple(float(2**k) for k in range(0, 16))
 _ITL_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
     0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -44,6 +49,21 @@ class _EngineCollector(Collector):
         yield self._cache_config()
         for name, doc, count in (
             ("vllm:num_preemptions", "Cumulative number of preemptions.", e.num_preemptions),
+            (
+                "vllm:nixl_num_failed_transfers",
+                "Number of failed NIXL KV Cache transfers.",
+                e.link.failed,
+            ),
+            (
+                "vllm:nixl_num_failed_notifications",
+                "Number of failed NIXL KV Cache notifications.",
+                0,  # the pull and its notice are one exchange here: it cannot fail alone
+            ),
+            (
+                "vllm:nixl_num_kv_expired_reqs",
+                "Number of requests that had their KV expire.",
+                e.holds.expired,
+            ),
             (
                 "vllm:prefix_cache_queries",
                 "Prefix cache queries, in terms of number of queried tokens.",
@@ -76,7 +96,8 @@ class _EngineCollector(Collector):
 class EngineMetrics:
     """The facade the server records into; ``render`` gives the Prometheus text."""
 
-    def __init__(self, engine: Engine, model: str) -> None:
+    def __init__(self, engine: Engine, model: str, time_scale: float = 1.0) -> None:
+        self._scale = time_scale
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, model))
         r, lab = self.registry, ["model_name"]
@@ -98,6 +119,32 @@ class EngineMetrics:
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Generation tokens processed.", lab, registry=r
         ).labels(model)
+
+        kv, eng = ["model_name", "engine"], (model, "0")
+        self.xfer_time = Histogram(
+            "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache "
+            "transfers.", kv, registry=r, buckets=_XFER_BUCKETS[1:],
+        ).labels(*eng)  # fmt: skip
+        self.post_time = Histogram(
+            "vllm:nixl_post_time_seconds", "Histogram of transfer post time for NIXL KV Cache "
+            "transfers.", kv, registry=r, buckets=_XFER_BUCKETS,
+        ).labels(*eng)  # fmt: skip
+        self.xfer_bytes = Histogram(
+            "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache "
+            "transfers.", kv, registry=r, buckets=_BYTES_BUCKETS,
+        ).labels(*eng)  # fmt: skip
+        self.descriptors = Histogram(
+            "vllm:nixl_num_descriptors", "Histogram of number of descriptors per NIXL KV Cache "
+            "transfers.", kv, registry=r, buckets=_BLOCK_BUCKETS,
+        ).labels(*eng)  # fmt: skip
+
+    def pulled(self, pull: Pull) -> None:
+        """A KV pull was scheduled: its duration (real seconds, as every latency here), its
+        wait for the link as the post time, its bytes and blocks (one descriptor each)."""
+        self.xfer_time.observe((pull.end - pull.start) / self._scale)
+        self.post_time.observe((pull.start - pull.queued) / self._scale)
+        self.xfer_bytes.observe(pull.bytes)
+        self.descriptors.observe(pull.blocks)
 
     def render(self) -> bytes:
         """The exposition text of every metric."""

@@ -10,7 +10,9 @@ A submitted sequence first spends the profile's front-end delay (API server work
 a data-parallel rank chosen by the profile's rule (balanced by pending prefill work, random or
 by hash). Each rank (:mod:`emulator.rank`) has its own KV cache in 16-token blocks (with
 automatic prefix caching, :mod:`emulator.kvcache`), running set, waiting queue and step
-clocks.
+clocks. Disaggregated serving (a prefill engine holding finished prompts' blocks, a decode
+engine pulling them first) is :mod:`emulator.kvtransfer`'s; here are only its two events:
+a hold expiring, a pulled sequence arriving.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import random
 
 from emulator.cold import ColdStart
 from emulator.dp import DPFrontEnd
+from emulator.kvtransfer import Holds, Link, Pull
 from emulator.profiles import Profile
 from emulator.rank import Rank, Sequence, State
 
@@ -40,6 +43,8 @@ class Engine:
         )
         self.ranks = [Rank(profile, self._cold) for _ in range(profile.ranks)]
         self._keys = 0
+        self.holds = Holds(profile.kv_hold_timeout_s)
+        self.link = Link(profile)
         self._incoming: list[tuple[float, int, Sequence]] = []  # heap: in the front end
         # Heap of (deadline, rank index). An entry is current while the rank's deadline still
         # equals it; entries a rank moved away from are dropped when they surface. So the next
@@ -56,10 +61,11 @@ class Engine:
         """The most tokens (prompt plus output) one request may hold in one rank's KV cache."""
         return self.profile.kv_blocks_per_rank * self.profile.kv_block_size - 1
 
-    def submit(self, seq: Sequence, now: float, spent: float = 0.0) -> None:
+    def submit(self, seq: Sequence, now: float, spent: float = 0.0) -> Pull | None:
         """Accept ``seq`` at ``now``; it reaches a rank after the front-end delay, of which
         ``spent`` (model seconds) already went by before it was submitted: the HTTP server's
-        own reading and parsing of the request, which is the front end's work too.
+        own reading and parsing of the request, which is the front end's work too. A
+        sequence with ``remote_tokens`` then waits for their pull, which is returned.
 
         Call :meth:`advance` up to ``now`` first, so a step that began earlier cannot take it.
         """
@@ -69,10 +75,33 @@ class Engine:
         # Tokenizing grows with the prompt; how long it takes varies with the server's load.
         per_token = p.frontend_per_token_us * 2.0 * seq.rng.random()
         delay = p.frontend_ms / 1e3 + seq.prompt_tokens * per_token / 1e6 - spent
+        pull = None
+        if seq.remote_tokens:
+            pull = self.link.pull(seq.remote_tokens, now + max(delay, 0.0))
+            delay = pull.end - now
         if delay > 0:
             heapq.heappush(self._incoming, (now + delay, seq.key, seq))
         else:
             self._dispatch(seq, now)
+        return pull
+
+    def hand_over(self, transfer_id: str, now: float) -> int | None:
+        """A decode engine pulls the blocks held under ``transfer_id`` at ``now``: they are
+        freed here; returns the prompt tokens they hold (None: expired or never held).
+
+        Call :meth:`advance` up to ``now`` first (a hold due to expire by then is gone).
+        """
+        seq = self.holds.take(transfer_id)
+        if seq is None:
+            return None
+        self._free_held(seq, now)
+        return seq.prompt_tokens
+
+    def _free_held(self, seq: Sequence, now: float) -> None:
+        rank = self.ranks[seq.rank]
+        rank.drop_held(seq)
+        rank.kick(now)  # the blocks may let a waiting sequence in
+        self._track(seq.rank)
 
     def _dispatch(self, seq: Sequence, now: float) -> None:
         """Queue ``seq`` on a rank chosen by the profile's rule."""
@@ -139,6 +168,9 @@ class Engine:
         t = head[0] if head is not None else math.inf
         if self._incoming:
             t = min(t, self._incoming[0][0])
+        expiry = self.holds.next_expiry()
+        if expiry is not None:
+            t = min(t, expiry)
         return None if t == math.inf else t
 
     def advance(self, now: float) -> list[Sequence]:
@@ -149,8 +181,14 @@ class Engine:
             head = self._next_rank()
             best_t = head[0] if head is not None else math.inf
             arrival = incoming[0][0] if incoming else math.inf
+            expiry = self.holds.next_expiry()
             due = min(best_t, arrival)
+            if expiry is not None and expiry <= now and expiry <= due:
+                for seq in self.holds.expire(expiry):
+                    self._free_held(seq, expiry)
+                continue
             if due > now or due == math.inf:  # nothing due (or nothing at all: idle)
+                self._hold(out)
                 return out
             if arrival <= best_t:  # on a tie the arrival is queued before the next step starts
                 _, _, seq = heapq.heappop(incoming)
@@ -164,6 +202,13 @@ class Engine:
                 self._warm_up(best_t)
                 if self._dp is not None:
                     self._dp.published(head[1], rank.published, best_t)
+
+    def _hold(self, out: list[Sequence]) -> None:
+        """Hold the blocks of the prefills for a decode engine that finished (see
+        :mod:`emulator.kvtransfer`)."""
+        for seq in out:
+            if seq.hold_kv and seq.finished_at is not None and not seq.transfer_id:
+                self.holds.hold(seq, seq.finished_at)
 
     @property
     def num_running(self) -> int:

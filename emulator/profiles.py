@@ -23,6 +23,7 @@ ENGINES_DIR = Path(str(files("turnout.config.engines")))
 SCHEDULING_MODES = ("mixed", "overlap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 RANK_ASSIGNMENTS = ("balanced", "random", "hash", "vllm-dp")
+ROLES = ("both", "prefill", "decode")
 ERROR_STATUSES = (429, 500, 503)
 
 
@@ -68,6 +69,12 @@ class Profile:
     requests from staying phase-locked in artificial waves. A cold engine (``cold_prefills``
     above 0) prefills its first ``cold_prefills`` prompts at most ``cold_concurrency`` at a
     time over all ranks (:mod:`emulator.cold`).
+
+    ``role`` (disaggregated serving, :mod:`emulator.kvtransfer`): a ``prefill`` engine honours
+    ``kv_transfer_params.do_remote_decode`` (it holds the prompt's KV blocks for a decode
+    engine, at most ``kv_hold_timeout_s``), a ``decode`` engine ``do_remote_prefill`` (it
+    pulls them: ``kv_bytes_per_token`` per prompt token over a ``kv_link_gb_per_s`` link),
+    ``both`` either; every engine serves ordinary requests.
     """
 
     name: str
@@ -95,6 +102,10 @@ class Profile:
     frontend_per_token_us: float = 0.0
     natural_output_tokens: int = 256
     embedding_dim: int = 256
+    role: str = "both"
+    kv_bytes_per_token: int = 70272
+    kv_link_gb_per_s: float = 50.0
+    kv_hold_timeout_s: float = 480.0
     faults: Faults = field(default_factory=Faults)
 
     @property
@@ -133,6 +144,7 @@ def _check_choices(values: dict[str, Any], errors: list[str]) -> None:
         "scheduling": SCHEDULING_MODES,
         "scheduling_policy": SCHEDULING_POLICIES,
         "rank_assignment": RANK_ASSIGNMENTS,
+        "role": ROLES,
     }
     for key, allowed in choices.items():
         if key in values and values[key] not in allowed:
@@ -143,6 +155,8 @@ def _check_choices(values: dict[str, Any], errors: list[str]) -> None:
             errors.append(f"{key}: must be at least 1")
     if values.get("dp_stats_interval_ms", 1.0) <= 0:
         errors.append("dp_stats_interval_ms: must be above 0")
+    if values.get("kv_link_gb_per_s", 1.0) <= 0:
+        errors.append("kv_link_gb_per_s: must be above 0")
     if values.get("tokens_per_chunk", 1.0) < 1.0:
         errors.append("tokens_per_chunk: must be at least 1")
 

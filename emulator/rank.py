@@ -44,6 +44,9 @@ class Sequence:
     ``tokens`` are the ids of the prompt followed by the output to come; with them its full
     blocks are looked up in and added to the prefix cache (empty: nothing is cached).
     ``cached_tokens`` is how much of the prompt the cache held when it was first admitted.
+    ``hold_kv``: when it finishes its KV blocks stay allocated for a decode engine to pull
+    (:mod:`emulator.kvtransfer`), under ``transfer_id``; ``remote_tokens``: that many of its
+    prompt tokens were computed elsewhere and pulled, so they need no prefill here.
     """
 
     prompt_tokens: int
@@ -68,6 +71,9 @@ class Sequence:
     held: list[int] = field(default_factory=list)  # cached blocks it holds (hashes)
     hashed: int = 0  # leading blocks already looked up or offered to the cache
     cold: bool = False  # prefilled under a cold engine's limit (emulator.cold)
+    hold_kv: bool = False
+    remote_tokens: int = 0
+    transfer_id: str = ""
 
     @property
     def done(self) -> bool:
@@ -155,6 +161,8 @@ class Rank:
             head.cached_tokens = head.prefilled
             self.pool.queries += head.prompt_tokens
             self.pool.hits += head.prefilled
+        # pulled from a prefill engine: computed, but not a hit of this engine's cache
+        head.prefilled = max(head.prefilled, min(head.remote_tokens, target - 1))
         head.state = State.RUNNING
         self.running.append(head)
         if cold is not None:
@@ -175,16 +183,23 @@ class Rank:
                 seq.held.append(h)
         seq.hashed = end
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: Sequence, keep: bool = False) -> None:
+        """``seq`` leaves the running set; its blocks are freed unless ``keep`` (a finished
+        prefill whose blocks a decode engine will pull: :meth:`drop_held` frees them)."""
         self._prefilled(seq)
         if seq.blocks or seq.held:
             decoding = seq.prefilled >= seq.prefill_target
             # A decoding sequence has computed the KV of all its tokens but the last sampled.
             self._cache(seq, seq.prompt_tokens + seq.generated - 1 if decoding else seq.prefilled)
-        self.pool.release(seq.blocks, seq.held)
-        seq.blocks, seq.held, seq.hashed = 0, [], 0
+        if not keep:
+            self.drop_held(seq)
         if seq in self.running:
             self.running.remove(seq)
+
+    def drop_held(self, seq: Sequence) -> None:
+        """Free the blocks ``seq`` still holds."""
+        self.pool.release(seq.blocks, seq.held)
+        seq.blocks, seq.held, seq.hashed = 0, [], 0
 
     def _prefilled(self, seq: Sequence) -> None:
         """``seq`` no longer holds a cold engine's prefill place, if it held one."""
@@ -193,6 +208,7 @@ class Rank:
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
+        seq.remote_tokens = 0  # what it pulled is gone with its blocks: recomputed here
         seq.preemptions += 1
         self.preemptions += 1
         self.enqueue(seq)
@@ -277,7 +293,7 @@ class Rank:
         if seq.generated >= seq.output_tokens:
             seq.state = State.FINISHED
             seq.finished_at = now
-            self._release(seq)
+            self._release(seq, keep=seq.hold_kv)
 
     # mixed scheduling (vLLM V1) ------------------------------------------------------------
     def _start_mixed(self, now: float) -> None:

@@ -3,7 +3,8 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
 (emulator/responses.py), ``POST /v1/embeddings``,
 ``POST /tokenize``, ``POST /detokenize``, ``GET /v1/models``, ``GET /health``,
-``GET /metrics``. Generation requests are validated, given a fault plan, turned into a
+``GET /metrics``, and the prefill side of a KV pull, ``POST /kv_transfer/pull``
+(emulator/kvhttp.py). Generation requests are validated, given a fault plan, turned into a
 :class:`~emulator.model.Sequence` and handed to the :class:`~emulator.driver.Driver`; the
 handler then writes one SSE event per chunk the engine emits. Every error is OpenAI's
 error JSON with vLLM's status.
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import aiohttp
 import orjson
 from aiohttp import web
 
@@ -31,6 +33,7 @@ from emulator.api import (
 )
 from emulator.driver import Driver
 from emulator.faults import HEADER, FaultPlan, injected_error, plan_for
+from emulator.kvhttp import PULL_PATH, answer_params, parse_params, pull
 from emulator.metrics import EngineMetrics
 from emulator.model import Engine, Sequence
 from emulator.profiles import Profile
@@ -60,6 +63,8 @@ class _State:
     metrics: EngineMetrics
     fault_rng: random.Random
     created: int
+    http: aiohttp.ClientSession  # pulls KV blocks from prefill engines
+    engine_id: str
 
 
 @dataclass(slots=True)
@@ -204,6 +209,7 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
         rng=random.Random(rng.getrandbits(64)),
         tokens=(*prompt_ids(doc, api), *output_ids(pieces)),
     )
+    await _transfer(request, state, doc, seq)
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     job = _Job(
         doc=doc,
@@ -225,6 +231,39 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
         return await _whole(request, state.metrics, job, wake)
     finally:
         state.driver.release(seq)
+
+
+async def _transfer(
+    request: web.Request, state: _State, doc: dict[str, object], seq: Sequence
+) -> None:
+    """Honour the body's ``kv_transfer_params`` as the engine's role allows: hold the KV for
+    a decode engine, or pull it from a prefill engine (prefilling here when that fails)."""
+    params = parse_params(doc)
+    role = state.options.profile.role
+    if params is None:
+        return
+    if params.remote_decode and role != "decode":
+        seq.hold_kv = True
+    if params.remote_prefill and role != "prefill":
+        tokens = await pull(state.http, params) if params.engine_id else None
+        if tokens is None:
+            state.driver.engine.link.failed += 1
+        else:  # the last prompt token is computed here, as vLLM's decode engine does
+            seq.remote_tokens = min(tokens, seq.prompt_tokens - 1)
+
+
+async def _kv_pull(request: web.Request) -> web.Response:
+    """A decode engine takes the blocks held under ``remote_request_id`` (404: none)."""
+    state = request.app[STATE]
+    doc = parse_json(await request.read())
+    tid, engine = doc.get("remote_request_id"), doc.get("remote_engine_id")
+    tokens = None
+    if isinstance(tid, str) and engine == state.engine_id:
+        tokens = state.driver.hand_over(tid)
+    if tokens is None:
+        raise ApiError(404, "No KV blocks are held under that id (expired or never held).")
+    body = orjson.dumps({"prompt_tokens": tokens})
+    return web.Response(body=body, content_type="application/json")
 
 
 def _abort(request: web.Request) -> None:
@@ -296,9 +335,11 @@ async def _whole(
     metrics.e2e.observe(time.perf_counter() - job.started)
     text = "".join(job.pieces)
     headers = {"X-Request-Id": job.request_id}
+    kv = _held_params(request, seq)
     if gen.api == "responses":
         framing = ResponseFraming(job.doc, gen, job.rid, job.created, job.finish)
-        body = orjson.dumps(framing.response(text, gen.prompt_tokens, n, seq.cached_tokens))
+        response = framing.response(text, gen.prompt_tokens, n, seq.cached_tokens)
+        body = orjson.dumps(response if kv is None else {**response, "kv_transfer_params": kv})
         return web.Response(body=body, content_type="application/json", headers=headers)
     if gen.api == "chat":
         message: dict[str, object] = {
@@ -316,7 +357,20 @@ async def _whole(
     usage = _usage(gen.prompt_tokens, n, seq.cached_tokens)
     doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
            "choices": [choice], "usage": usage}  # fmt: skip
+    if kv is not None:
+        doc["kv_transfer_params"] = kv
     return web.Response(body=orjson.dumps(doc), content_type="application/json", headers=headers)
+
+
+def _held_params(request: web.Request, seq: Sequence) -> dict[str, object] | None:
+    """The ``kv_transfer_params`` of a prefill whose blocks are held (else None)."""
+    if not seq.transfer_id:
+        return None
+    state = request.app[STATE]
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    where = (str(sock[0]), int(sock[1])) if sock else ("127.0.0.1", 0)
+    profile = state.options.profile
+    return answer_params(profile, state.engine_id, seq.transfer_id, seq.prompt_tokens, where)
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -358,12 +412,16 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     opts = app[OPTIONS]
     engine = Engine(opts.profile, seed=opts.seed)
-    driver = Driver(engine, opts.time_scale)
-    metrics = EngineMetrics(engine, opts.model)
-    app[STATE] = _State(opts, driver, metrics, random.Random(opts.seed), int(time.time()))
+    metrics = EngineMetrics(engine, opts.model, opts.time_scale)
+    driver = Driver(engine, opts.time_scale, metrics.pulled)
+    http = aiohttp.ClientSession()
+    app[STATE] = _State(
+        opts, driver, metrics, random.Random(opts.seed), int(time.time()), http, uuid.uuid4().hex
+    )
     driver.start()
     yield
     await driver.stop()
+    await http.close()
 
 
 def build_app(options: ServerOptions) -> web.Application:
@@ -380,4 +438,5 @@ def build_app(options: ServerOptions) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_post(PULL_PATH, _kv_pull)
     return app

@@ -71,13 +71,13 @@ class World:
             if name is None:
                 errors.append((f"backends[{i}]", f"{spec.name}: no emulator; name a --profile"))
                 continue
-            profile = load_profile(name)
+            emu = spec.emulator
+            profile = load_profile(name, emu.profile_overrides() if emu else None)
             state = self.pool.by_name[spec.name]
             # What the router's probes would find: the served model and its context length.
             served = spec.emulator.model if spec.emulator is not None else None
             state.discovered_models = (served or profile.model,)
             state.context_tokens = profile.max_model_len
-            emu = spec.emulator
             self.backends.append(
                 Backend(
                     state,

@@ -126,12 +126,25 @@ def _doubled_v1(url: str) -> str | None:
     return f"{path}/v1" if path.lower().endswith("/v1") else None
 
 
+_ROLES = ("both", "prefill", "decode")  # the emulator's, which the router does not import
+
+
 def _emulator(m: Reader) -> EmulatorSpec:
+    sets = m.child("set")
+    overrides: list[tuple[str, str | int | float | bool]] = []
+    for key in sets.names():
+        value = sets.raw[key]
+        if isinstance(value, str | int | float | bool):
+            overrides.append((key, value))
+        else:
+            sets.error(key, "expected a string, number or boolean")
     out = EmulatorSpec(
         profile=m.string("profile", "", required=True),
         time_scale=m.number("time_scale", 1.0, low=1e-6),
         seed=m.integer("seed", 0, low=None),
         model=m.string("model"),
+        role=m.choice("role", _ROLES, "both"),
+        overrides=tuple(overrides),
     )
     m.done()
     return out

@@ -57,6 +57,16 @@ class EmulatorSpec:
     time_scale: float = 1.0
     seed: int = 0
     model: str | None = None
+    role: str = "both"
+    """Disaggregated serving: ``prefill``, ``decode`` or ``both`` (the profile key)."""
+    overrides: tuple[tuple[str, str | int | float | bool], ...] = ()
+    """Further profile keys (the emulator's ``--set KEY=VALUE``), from ``set:``."""
+
+    def profile_overrides(self) -> dict[str, object]:
+        """Every profile key this block sets, ``role`` included."""
+        out: dict[str, object] = dict(self.overrides)
+        out.setdefault("role", self.role)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,9 @@ def emulator_argv(spec: EmulatorSpec, host: str) -> list[str]:
     ]
     if spec.model:
         argv += ["--model", spec.model]
+    for key, value in spec.profile_overrides().items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        argv += ["--set", f"{key}={text}"]
     return argv
 
 

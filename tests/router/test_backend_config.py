@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from router.config.backends import shown_url
 from router.config.model import ConfigError, DnsDiscovery, UpstreamTls
 from router.config.parse import parse_config
+from router.server.children import emulator_argv
 from tests.router.harness import base_config
 
 HTTPS = "https://127.0.0.1:8443"
@@ -123,3 +124,20 @@ def test_discovery_mistakes_are_reported_at_their_paths() -> None:
 )
 def test_a_url_in_a_log_line_has_no_credentials(url: str, shown: str) -> None:
     assert shown_url(url) == shown
+
+
+def _emulated(emulator: object) -> dict[str, Any]:
+    doc = base_config([("p0", "vllm", "http://unused:1")])
+    doc["backends"] = [{"name": "p0", "engine": "vllm", "emulator": emulator}]
+    return doc
+
+
+def test_an_emulator_block_sets_its_role_and_profile_keys() -> None:
+    doc = _emulated({"profile": "vllm", "role": "prefill", "set": {"kv_hold_timeout_s": 2}})
+    spec = parse_config(doc).backends[0].emulator
+    assert spec is not None and spec.role == "prefill"
+    argv = emulator_argv(spec, "127.0.0.1")
+    assert argv[-4:] == ["--set", "kv_hold_timeout_s=2", "--set", "role=prefill"]
+    errors = _errors(_emulated({"profile": "vllm", "role": "prefil", "set": {"k": [1]}}))
+    assert "prefill" in errors["backends[0].emulator.role"]
+    assert "backends[0].emulator.set.k" in errors
