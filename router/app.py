@@ -33,7 +33,7 @@ from router.proxy.connection import ConnectionPool
 from router.proxy.drain import CLOSE_SECONDS
 from router.proxy.handler import PATHS, handle
 from router.proxy.shadow import Shadows
-from router.proxy.state import RouterState
+from router.proxy.state import RouterState, Snapshot
 from router.proxy.utility import UTILITY_PATHS, forward
 from router.reload import Reloader
 from router.server.answer import Serve
@@ -97,20 +97,18 @@ def build_app(
         shared=shared,
     )
     policies = build_policies(config, metrics)
+    gate = Gate(
+        config.api_keys,
+        required=config.require_api_key,
+        protect_metrics=config.metrics_require_admin,
+        anonymous=config.anonymous,
+    )
     state = RouterState(
-        config=config,
+        snapshot=Snapshot(config, policies, gate, slo_table(policies, config.default_policy)),
         pool=pool,
-        policies=policies,
         metrics=metrics,
-        gate=Gate(
-            config.api_keys,
-            required=config.require_api_key,
-            protect_metrics=config.metrics_require_admin,
-            anonymous=config.anonymous,
-        ),
         admission=Admission(config.admission),
         shadows=Shadows(config.shadow, pool, metrics, config.limits),
-        slo=slo_table(policies, config.default_policy),
         tracing=tracing if tracing is not None else tracing_from_env(),
     )
     for cls in REQUEST_CLASSES:

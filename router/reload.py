@@ -2,8 +2,10 @@
 
 A reload reads the config file again, validates it completely (the same checks as at start,
 plus the API keys' sources) and only then swaps it in; an invalid file is refused with every
-error and the running config stays. In-flight requests keep the objects they started with
-(their policy, backend and key lease), so nothing is dropped.
+error and the running config stays. The config, policies, API keys and SLO targets are
+swapped as one value (router.proxy.state.Snapshot), which a request takes once when it
+begins: an in-flight request keeps the snapshot it started with (and its backend and key
+lease), so it sees the old settings or the new ones whole, and nothing is dropped.
 
 What a reload can change: policies (unchanged ones keep their learned state while the
 configured backends stay the same), the default policy, the policy header switch, API keys
@@ -37,7 +39,7 @@ from router.config.model import BackendSpec, ConfigError, RouterConfig
 from router.config.parse import read_config
 from router.control.auth import Gate
 from router.control.slo import slo_table
-from router.proxy.state import RouterState
+from router.proxy.state import RouterState, Snapshot
 from router.server.errors import RouterError, error_response
 
 log = logging.getLogger("router")
@@ -134,14 +136,17 @@ class Reloader:
         if state.fleet is not None:
             state.fleet.apply(specs)
         state.pool.aliases = new.aliases
-        state.policies = policies
-        state.slo = slo_table(policies, new.default_policy)
         gate.adopt(state.gate)  # usage carries over: a reload resets nobody's quota
-        state.gate = gate
-        state.config = replace(
-            new,
-            listen=replace(new.listen, host=old.listen.host, port=old.listen.port),
-            backends=specs,
+        # One assignment: a request that began before it keeps the old snapshot whole.
+        state.snapshot = Snapshot(
+            replace(
+                new,
+                listen=replace(new.listen, host=old.listen.host, port=old.listen.port),
+                backends=specs,
+            ),
+            policies,
+            gate,
+            slo_table(policies, new.default_policy),
         )
 
 

@@ -24,7 +24,7 @@ from router.observe.metrics import FAILURES
 from router.observe.tracing import NO_TRACE, Ending, RequestTrace
 from router.proxy.drain import CODE as DRAIN_CODE
 from router.proxy.relay import CLIENT_CLOSED
-from router.proxy.state import RouterState
+from router.proxy.state import RouterState, Snapshot
 from router.proxy.upstream import UpstreamFault, answer_reason
 from router.server.errors import RouterError
 from turnout.common.capture import CaptureRecord, Observed, Response, Route, iso_utc
@@ -160,8 +160,9 @@ class Exchange:
             output = -(-meter.body_bytes // 4)
         return min(charged, info.prompt_tokens + max(1, output))
 
-    def finish(self, state: RouterState) -> None:
-        """Metrics, policy feedback, goodput and capture for the finished request."""
+    def finish(self, state: RouterState, snap: Snapshot) -> None:
+        """Metrics, policy feedback, goodput and capture for the finished request, under the
+        settings it began with (``snap``)."""
         end = self.end = self.end if self.end is not None else time.monotonic()
         fig = self._figures = self.meter.figures(end) if self.meter is not None else None
         e2e = end - self.arrival
@@ -192,7 +193,7 @@ class Exchange:
             watch(cls, backend, ttft, reason)
         # A TTFT is the first token of an answer, not of an engine's error body.
         first = ttft if reason in _ANSWERED else None
-        if state.access_log.wanted(state.config.access_log):
+        if state.access_log.wanted(snap.config.access_log):
             state.access_log.write(self._access_line(cls, reason, first, e2e, prompt, output))
         if self.trace.recording:
             self.trace.finish(
@@ -227,7 +228,7 @@ class Exchange:
             policy.on_finish(info, backend, outcome)
         except Exception:  # feedback must not break the request's other bookkeeping
             log.exception("policy %s failed in on_finish", policy.name)
-        targets = state.slo.get(policy.name)
+        targets = snap.slo.get(policy.name)
         if targets is not None:
             met = targets[info.request_class].met(outcome)
             state.metrics.slo(policy.name, info.request_class, met)

@@ -22,7 +22,7 @@ from router.proxy.body import OFFLOAD_BYTES, asks_usage, upstream_body
 from router.proxy.drain import Ticket, shutting_down
 from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, failed_answer, relay
-from router.proxy.state import RouterState
+from router.proxy.state import RouterState, Snapshot
 from router.proxy.upstream import (
     Failure,
     Opened,
@@ -60,9 +60,11 @@ async def handle(
     """Serve one OpenAI request end to end; the only writer of its :class:`Exchange`.
     Returns the answer, or None once it was streamed to ``request``."""
     now = time.monotonic()
+    snap = state.snapshot  # once: a reload meanwhile is the next request's (router.reload)
+    config = snap.config
     headers = request.headers
     rid = request_id(headers.get("X-Request-Id"))
-    default = state.policies[state.config.default_policy]
+    default = snap.policies[config.default_policy]
     ex = Exchange(rid, request.path, headers, now, time.time(), default)
     ex.trace = trace = state.tracing.begin(headers, request.method, request.path, rid, now)
     extra = {"X-Request-Id": rid, "X-Turnout-Policy": default.name}
@@ -71,13 +73,13 @@ async def handle(
     ticket: Ticket | None = None
     try:
         ticket = state.drain.enter()
-        tenant = run_as.tenant if run_as is not None else state.gate.identify(headers)
+        tenant = run_as.tenant if run_as is not None else snap.gate.identify(headers)
         ex.tenant = tenant.capture_id if tenant is not None else None
-        ex.policy = policy = _policy(request, state, tenant)
+        ex.policy = policy = _policy(request, snap, tenant)
         extra["X-Turnout-Policy"] = policy.name
-        state.gate.refuse_early(tenant)  # over quota: not worth reading the body
-        limits = state.config.limits
-        ex.body = await request.body(state.config.listen.max_body_bytes, limits)
+        snap.gate.refuse_early(tenant)  # over quota: not worth reading the body
+        limits = config.limits
+        ex.body = await request.body(config.listen.max_body_bytes, limits)
         understand = partial(
             classify,
             ex.body,
@@ -86,7 +88,7 @@ async def handle(
             header_class=_header(request, "X-Request-Class", tenant, "request_class"),
             key_class=tenant.spec.request_class if tenant is not None else None,
             session_key=headers.get("X-Session-Id"),
-            settings=state.config.classification,
+            settings=config.classification,
         )
         # In a thread, the event loop still gets its turns (every switch interval) meanwhile.
         big = len(ex.body) > OFFLOAD_BYTES
@@ -97,7 +99,7 @@ async def handle(
         extra["X-Turnout-Class"] = info.request_class
         # Within the configured bounds: a backend must not set what its answers cost.
         context = limits.context_tokens(state.pool.context_tokens(info.model))
-        lease = state.gate.admit(tenant, info, context)
+        lease = snap.gate.admit(tenant, info, context)
         add_usage = _router_asks_usage(parsed)
         t = time.monotonic()
         targets = await state.admission.admit(
@@ -106,8 +108,8 @@ async def handle(
         if trace.recording:
             ranked = [target.backend.name for target in targets]
             trace.picked(policy.name, ranked, t, time.monotonic())
-        state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, state.policies)
-        timeouts = state.config.timeouts_for(info.request_class)
+        state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, snap.policies)
+        timeouts = config.timeouts_for(info.request_class)
         ex.sent = True
         opened = await open_upstream(
             state.connections,
@@ -115,7 +117,7 @@ async def handle(
             req=info,
             headers=headers,
             timeouts=timeouts,
-            failover=state.config.failover,
+            failover=config.failover,
             on_failover=partial(_failed_over, state, policy.name),
             admission=state.admission,
             trace=trace,
@@ -193,7 +195,7 @@ async def handle(
         state.admission.release()  # a slot may have freed up (here or in a failed attempt)
         if lease is not None:
             lease.release(ex.settlement(lease.charged, opened.head.status if opened else None))
-        ex.finish(state)
+        ex.finish(state, snap)
 
 
 def _header(request: Client, name: str, tenant: Tenant | None, setting: str) -> str | None:
@@ -203,15 +205,15 @@ def _header(request: Client, name: str, tenant: Tenant | None, setting: str) -> 
     return request.headers.get(name)
 
 
-def _policy(request: Client, state: RouterState, tenant: Tenant | None) -> Policy:
+def _policy(request: Client, snap: Snapshot, tenant: Tenant | None) -> Policy:
     """The header's policy (if honoured), else the API key's, else the default."""
     name = _header(request, "X-Turnout-Policy", tenant, "policy")
-    if name is None or not state.config.honor_policy_header:
+    if name is None or not snap.config.honor_policy_header:
         own = tenant.spec.policy if tenant is not None else None
-        return state.policies[own or state.config.default_policy]
-    policy = state.policies.get(name.strip())
+        return snap.policies[own or snap.config.default_policy]
+    policy = snap.policies.get(name.strip())
     if policy is None:
-        known = ", ".join(state.policies)
+        known = ", ".join(snap.policies)
         raise RouterError(400, f"unknown policy '{name}' (known: {known})", "X-Turnout-Policy")
     return policy
 

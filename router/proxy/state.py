@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -23,6 +23,19 @@ from router.proxy.drain import Drain
 from router.proxy.shadow import Shadows
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a reload changes, swapped as one value (router.reload): a request takes it once,
+    when it begins, and sees one config whole, its policies, keys and targets with it, however
+    long it runs and whatever is reloaded meanwhile."""
+
+    config: RouterConfig
+    policies: Mapping[str, Policy]
+    gate: Gate
+    """Client API keys and their limits."""
+    slo: SloTable
+
+
 @dataclass(slots=True)
 class RouterState:
     """Everything a request handler needs; one per app, never module-level.
@@ -31,15 +44,12 @@ class RouterState:
     between the app's startup and cleanup phases (:meth:`started`, :meth:`stopped`).
     """
 
-    config: RouterConfig
+    snapshot: Snapshot
+    """The reloadable part, whole: a request reads this once (its one writer: a reload)."""
     pool: Pool
-    policies: dict[str, Policy]
     metrics: Metrics
-    gate: Gate
-    """Client API keys and their limits (swapped whole by a reload)."""
     admission: Admission
     shadows: Shadows
-    slo: SloTable = field(default_factory=dict)
     drain: Drain = field(default_factory=Drain)
     """The open requests, for SIGTERM's drain."""
     capture: CaptureWriter | None = None
@@ -53,6 +63,23 @@ class RouterState:
     """Request traces (router.observe.tracing): a no-op unless OpenTelemetry is set up."""
     _session: aiohttp.ClientSession | None = None
     _connections: ConnectionPool | None = None
+
+    @property
+    def config(self) -> RouterConfig:
+        """The current config (a request reads its :attr:`snapshot` instead, once)."""
+        return self.snapshot.config
+
+    @property
+    def policies(self) -> Mapping[str, Policy]:
+        return self.snapshot.policies
+
+    @property
+    def gate(self) -> Gate:
+        return self.snapshot.gate
+
+    @property
+    def slo(self) -> SloTable:
+        return self.snapshot.slo
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -18,6 +18,7 @@ from typing import Any
 
 from policies.types import Endpoint, RequestInfo
 from router.backends.pool import BackendState
+from router.config.model import RouterConfig
 from router.control.auth import Lease
 from router.control.classify import parse_object
 from router.proxy.body import upstream_body
@@ -37,11 +38,13 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
     rid = request_id(request.headers.get("X-Request-Id"))
     extra = {"X-Request-Id": rid}
     lease: Lease | None = None
+    snap = state.snapshot  # once, as the request path does (router.proxy.handler)
+    config = snap.config
     try:
-        gate = state.gate
+        gate = snap.gate
         tenant = gate.identify(request.headers)
         gate.refuse_early(tenant, tokens=False)  # over quota: not worth reading the body
-        raw = await request.body(state.config.listen.max_body_bytes, state.config.limits)
+        raw = await request.body(config.listen.max_body_bytes, config.limits)
         doc = _parse(raw)
         model = doc.get("model")
         if model is None and tenant is not None and tenant.spec.models:
@@ -49,7 +52,7 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
             raise RouterError(403, message, "model", "model_not_allowed")
         info = RequestInfo(rid, endpoint, model or "", "interactive", max_tokens=0)
         lease = gate.admit(tenant, info, 0)  # its model list and limits; charged nothing
-        return await _forwarded(request, state, info, raw, doc, extra)
+        return await _forwarded(request, state, config, info, raw, doc, extra)
     except RouterError as exc:
         return error_answer(exc, extra)
     finally:
@@ -60,6 +63,7 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
 async def _forwarded(
     request: Client,
     state: RouterState,
+    config: RouterConfig,
     info: RequestInfo,
     raw: bytes,
     doc: dict[str, Any],
@@ -78,8 +82,8 @@ async def _forwarded(
             targets,
             req=info,
             headers=request.headers,
-            timeouts=state.config.timeouts_for("interactive"),
-            failover=state.config.failover,
+            timeouts=config.timeouts_for("interactive"),
+            failover=config.failover,
             on_failover=lambda _: None,
         )
     except UpstreamFailed as exc:
@@ -92,7 +96,7 @@ async def _forwarded(
             extra,
             StreamMeter(time.monotonic()),
             idle=None,
-            max_body=state.config.limits.max_upstream_body_bytes,
+            max_body=config.limits.max_upstream_body_bytes,
         )
     except UpstreamFault as exc:  # the answer must not reach the client as sent
         if exc.failed:
