@@ -25,6 +25,8 @@ from router.batch.service import BatchService
 from router.config.model import ConfigError, RouterConfig
 from router.control.admission import Admission
 from router.control.auth import POLICIES_PATH, Gate, admin_only
+from router.control.quota import QuotaStore, QuotaTable
+from router.control.redis_quota import RedisQuotas
 from router.control.slo import slo_table
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
@@ -79,13 +81,15 @@ def build_app(
     config_path: Path | None = None,
     resolver: Resolver = resolve_dns,
     shared: WorkerRow | None = None,
+    quotas: QuotaTable | None = None,
     tracing: Tracing | None = None,
 ) -> web.Application:
     """The router app for ``config`` (backend URLs must be resolved already).
 
     With ``config_path``, ``POST /turnout/reload`` (and :data:`RELOADER`) reload from it.
     ``resolver`` looks up discovered backends' names (a test may give its own).
-    ``shared``: this worker's row of the backend load its router's workers share.
+    ``shared``: this worker's row of the backend load its router's workers share;
+    ``quotas``: its handle on their API keys' usage (router.control.quota).
     ``tracing``: what the environment asks for unless given (router.observe.tracing).
     """
     metrics = metrics if metrics is not None else Metrics()
@@ -102,6 +106,7 @@ def build_app(
         required=config.require_api_key,
         protect_metrics=config.metrics_require_admin,
         anonymous=config.anonymous,
+        store=_quota_store(config, quotas or QuotaTable.private(), metrics),
     )
     state = RouterState(
         snapshot=Snapshot(config, policies, gate, slo_table(policies, config.default_policy)),
@@ -135,6 +140,16 @@ def build_app(
         )
         app.router.add_post("/turnout/reload", reloader.handle)
     return app
+
+
+def _quota_store(config: RouterConfig, local: QuotaTable, metrics: Metrics) -> QuotaStore:
+    """Redis when the config names one (``local`` decides while it is out), else ``local``."""
+    settings = config.limits.store
+    if settings.redis_url is None:
+        return local
+    store = RedisQuotas(settings.redis_url, settings.on_error, local, on_local=metrics.limits_local)
+    metrics.watch_limits_store(lambda: 1.0 if store.up else 0.0)
+    return store
 
 
 def _error(state: RouterState, policy: str, backend: str) -> float:
@@ -324,6 +339,8 @@ async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[N
         )
         await writer.start()
     state.started(session, connections, writer)
+    store = state.gate.store  # a reload's gate keeps it
+    await store.start()
     monitor = HealthMonitor(session, state.config.health)
     state.fleet = Fleet(
         state.pool,
@@ -340,6 +357,7 @@ async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[N
         state.fleet = None
         await monitor.aclose()
         await state.shadows.aclose()
+        await store.aclose()
         state.stopped()
         if writer is not None:
             await writer.aclose()

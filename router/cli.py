@@ -243,6 +243,7 @@ async def _worker(
             metrics=metrics,
             config_path=path,
             shared=sharing.load.row(index),
+            quotas=sharing.quotas.table(index),
             tracing=tracing_from_env(warn=index == 0),  # the router says it once, not N times
         )
         refresher = asyncio.create_task(_refresh(metrics))

@@ -117,6 +117,7 @@ class Reloader:
                 required=new.require_api_key,
                 protect_metrics=new.metrics_require_admin,
                 anonymous=new.anonymous,
+                store=state.gate.store,  # usage carries over: a reload resets nobody's quota
             )
         except ConfigError as exc:
             errors.extend(exc.errors)
@@ -136,7 +137,6 @@ class Reloader:
         if state.fleet is not None:
             state.fleet.apply(specs)
         state.pool.aliases = new.aliases
-        gate.adopt(state.gate)  # usage carries over: a reload resets nobody's quota
         # One assignment: a request that began before it keeps the old snapshot whole.
         state.snapshot = Snapshot(
             replace(

@@ -1,17 +1,19 @@
 """``turnout serve --workers N``: the parent process that forks the workers and keeps them up.
 
-The parent maps the backend load the workers share and points every worker's metrics at one
-fresh directory before forking, so any worker's /metrics shows them all. Then it only waits
+The parent maps the backend load and the API keys' usage the workers share and points every
+worker's metrics at one fresh directory before forking, so any worker's /metrics shows them
+all. Then it only waits
 for signals: SIGHUP is passed on (each worker reloads), SIGINT and SIGTERM stop every worker
 (each drains), and SIGCHLD means a worker died.
 
 A dead worker is replaced, as gunicorn and uvicorn's supervisors do: otherwise a crash (an
 OOM kill, a bug) leaves the pod serving on fewer processes until someone restarts it, with
 nothing in its health to show it. Before the new one starts, the dead one's share of the
-backend load (its in-flight requests died with it) is zeroed and its live gauges are dropped;
-its counters stay in the sums. A worker that keeps dying is a broken deployment, not a
-transient fault: after :data:`MAX_RESTARTS` replacements within :data:`RESTART_WINDOW`
-seconds the router stops and exits 1, for the orchestrator to restart or report.
+backend load and of its callers' open requests (they died with it) is zeroed and its live
+gauges are dropped; its counters stay in the sums. A worker that keeps dying is a broken
+deployment, not a transient fault: after :data:`MAX_RESTARTS` replacements within
+:data:`RESTART_WINDOW` seconds the router stops and exits 1, for the orchestrator to restart
+or report.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import uvloop
 from router.app import listen_socket
 from router.backends.shared import SharedLoad
 from router.config.model import RouterConfig
+from router.control.quota import SharedQuotas
 from router.observe.sharing import forget_worker, share_between_workers
 
 log = logging.getLogger("router")
@@ -45,9 +48,11 @@ _SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
 
 @dataclass(frozen=True, slots=True)
 class Sharing:
-    """What the workers of one router share: backend load and a metrics directory."""
+    """What the workers of one router share: backend load, API keys' usage and a metrics
+    directory."""
 
     load: SharedLoad
+    quotas: SharedQuotas
     metrics_dir: Path
 
 
@@ -70,7 +75,7 @@ def supervise(
     stops them; ``announce(url)`` once all are up. Returns the exit code."""
     metrics_dir = Path(tempfile.mkdtemp(prefix="turnout-metrics-"))
     share_between_workers(metrics_dir)
-    sharing = Sharing(SharedLoad(workers), metrics_dir)
+    sharing = Sharing(SharedLoad(workers), SharedQuotas(workers), metrics_dir)
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         return _Supervisor(config, first, path, worker, sharing).run(workers, announce)
@@ -149,6 +154,7 @@ class _Supervisor:
                 return False
             self._restarts.append(now)
             self._sharing.load.clear(index)
+            self._sharing.quotas.clear(index)
             forget_worker(self._sharing.metrics_dir, pid)
             self._spawn(index, None)
         return True

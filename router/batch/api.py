@@ -154,7 +154,7 @@ class BatchApi:
                 gate = self._state.gate  # a reload swaps it: the one of this request
                 tenant = gate.identify(request.headers)  # 401 here when keys are required
                 owner = self._owner(tenant, request)
-                lease = gate.admit_call(tenant)
+                lease = await gate.admit_call(tenant)
                 try:
                     response: web.StreamResponse = await fn(request, owner)
                 finally:

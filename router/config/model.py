@@ -150,6 +150,21 @@ class AnonymousLimits:
     max_concurrency: int | None = None
 
 
+StoreOnError = Literal["allow", "deny"]
+STORE_ON_ERROR: tuple[StoreOnError, ...] = ("allow", "deny")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStore:
+    """Where API-key and anonymous usage is kept (router.control.quota): in the router's own
+    memory (shared by its workers), or with ``redis_url`` in Redis, shared by every replica."""
+
+    redis_url: str | None = None
+    """``redis://HOST:PORT/DB``; it may hold a password, so it is never logged."""
+    on_error: StoreOnError = "allow"
+    """Redis unreachable: ``allow`` decides on the router's own buckets, ``deny`` answers 503."""
+
+
 @dataclass(frozen=True, slots=True)
 class LimitSettings:
     """Connection-level limits of the listening socket (see router.server.site), and how much
@@ -176,6 +191,7 @@ class LimitSettings:
     """The bounds a backend's reported context length (vLLM's ``max_model_len``) is taken
     within, for the quota charge: a backend reporting 1 would make every answer nearly
     free, one reporting 10^12 would let its usage figures put a key in endless debt."""
+    store: LimitStore = LimitStore()
 
     def context_tokens(self, reported: int) -> int:
         """``reported`` within [:attr:`min_context_tokens`, :attr:`max_context_tokens`]."""

@@ -22,6 +22,7 @@ from router.config.model import (
     DEFAULT_CAPTURE_HEADERS,
     ENDPOINTS,
     REDACTIONS,
+    STORE_ON_ERROR,
     AccessLogSettings,
     AdmissionSettings,
     AnonymousLimits,
@@ -34,6 +35,7 @@ from router.config.model import (
     FailoverSettings,
     HealthSettings,
     LimitSettings,
+    LimitStore,
     ListenSettings,
     PolicySpec,
     RouterConfig,
@@ -428,9 +430,23 @@ def _limits(m: Reader) -> LimitSettings:
         ),
         min_context_tokens=m.integer("min_context_tokens", d.min_context_tokens, low=1),
         max_context_tokens=m.integer("max_context_tokens", d.max_context_tokens, low=1),
+        store=_limit_store(m.child("store")),
     )
     if out.max_context_tokens < out.min_context_tokens:
         m.error("max_context_tokens", "must be at least min_context_tokens")
+    m.done()
+    return out
+
+
+def _limit_store(m: Reader) -> LimitStore:
+    url: str | None = None
+    if m.has("redis"):
+        redis = m.child("redis", required=True)
+        url = redis.string("url", required=True)
+        if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+            redis.error("url", "must be a redis://, rediss:// or unix:// URL")
+        redis.done()
+    out = LimitStore(redis_url=url, on_error=m.choice("on_error", STORE_ON_ERROR, "allow"))
     m.done()
     return out
 

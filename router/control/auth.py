@@ -12,8 +12,10 @@ bucket and a cap on concurrent requests (429 with ``Retry-After``, never past th
 Where the quota alone decides (a window already spent, every slot taken), the request is
 refused before its body is read (:meth:`Gate.refuse_early`). Tokens are charged up front at
 the request's budget (prompt plus output, bounded by the context length of each choice) and
-settled when it ends (router.proxy.exchange). A reload keeps every key's usage
-(:meth:`Gate.adopt`). Error messages never name a key.
+settled when it ends (router.proxy.exchange). Usage is kept in a store (router.control.quota):
+the router's own memory, shared by its workers, or Redis, shared by every replica
+(router.control.redis_quota). A reload's new gate keeps the old one's store, so nobody's
+usage resets. Error messages never name a key.
 
 When ``require_api_key`` is off, unknown or missing keys pass, under the ``anonymous`` limits
 if configured (a known key still gets its class, policy and limits), and ``/turnout/*``
@@ -29,7 +31,6 @@ import hashlib
 import hmac
 import math
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -38,115 +39,26 @@ from aiohttp.typedefs import Handler, Middleware
 
 from policies.types import RequestInfo
 from router.config.model import AnonymousLimits, ApiKeySpec, ConfigError
+from router.control.quota import WINDOW_SECONDS, Limits, QuotaStore, QuotaTable, Refusal, Settler
 from router.server.errors import RouterError, error_response
 
-Clock = Callable[[], float]
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-WINDOW_SECONDS = 60
-"""The buckets' window: limits are per minute."""
-
-
-class TokenBucket:
-    """``per_minute`` tokens, refilled continuously; starts full."""
-
-    __slots__ = ("_clock", "_rate", "_stamp", "capacity", "level")
-
-    def __init__(self, per_minute: int, clock: Clock) -> None:
-        self.capacity = float(per_minute)
-        self.level = self.capacity
-        self._rate = per_minute / 60.0
-        self._clock = clock
-        self._stamp = clock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self.level = min(self.capacity, self.level + (now - self._stamp) * self._rate)
-        self._stamp = now
-
-    def wait_for(self, n: float) -> float:
-        """Seconds until ``n`` tokens are there (0 when they are now); takes nothing.
-
-        A request larger than the whole bucket needs a full bucket, so it is slow, not
-        impossible.
-        """
-        self._refill()
-        need = min(n, self.capacity) - self.level
-        return 0.0 if need <= 0 else need / self._rate
-
-    def take(self, n: float) -> None:
-        """Remove ``n`` tokens; the level may go negative (a debt later refills repay)."""
-        self.level -= n
-
-    def give(self, n: float) -> None:
-        self.level = min(self.capacity, self.level + n)
-
-    def resize(self, per_minute: int) -> None:
-        """A new limit (a reload); what was spent stays spent."""
-        self._refill()
-        self.capacity = float(per_minute)
-        self._rate = per_minute / 60.0
-        self.level = min(self.level, self.capacity)
-
-
-def _bucket(per_minute: int | None, old: TokenBucket | None, clock: Clock) -> TokenBucket | None:
-    if not per_minute:
-        return None
-    if old is None:
-        return TokenBucket(per_minute, clock)
-    old.resize(per_minute)
-    return old
-
-
-class Quota:
-    """One caller's live usage: its buckets and its requests in flight.
-
-    Leases hold the quota, not the key: a reload hands the same object to the new key
-    (:meth:`Gate.adopt`), so nothing is reset and in-flight requests release into it.
-    """
-
-    __slots__ = ("_clock", "_rpm", "_tpm", "inflight", "max_concurrency", "requests", "tokens")
-
-    def __init__(
-        self, rpm: int | None, tpm: int | None, max_concurrency: int | None, clock: Clock
-    ) -> None:
-        self._clock = clock
-        self._rpm, self._tpm = rpm, tpm
-        self.inflight = 0
-        self.max_concurrency = max_concurrency
-        self.requests = _bucket(rpm, None, clock)
-        self.tokens = _bucket(tpm, None, clock)
-
-    def check(self, who: str, tokens: float) -> None:
-        """429 (naming the caller as ``who``) unless a slot, a request and ``tokens`` tokens
-        are free now; takes nothing."""
-        if self.max_concurrency is not None and self.inflight >= self.max_concurrency:
-            raise _too_many(f"{who} has {self.inflight} requests open", 1.0)
-        if self.requests is not None and (wait := self.requests.wait_for(1)) > 0:
-            raise _too_many(f"{who} is over its requests per minute", wait)
-        if tokens and self.tokens is not None and (wait := self.tokens.wait_for(tokens)) > 0:
-            raise _too_many(f"{who} is over its tokens per minute", wait)
-
-    def take_over(self, old: Quota) -> Quota:
-        """``old``, now with this quota's limits (it keeps its levels and in-flight count)."""
-        old.requests = _bucket(self._rpm, old.requests, self._clock)
-        old.tokens = _bucket(self._tpm, old.tokens, self._clock)
-        old._rpm, old._tpm = self._rpm, self._tpm
-        old.max_concurrency = self.max_concurrency
-        return old
+STORE_DOWN_CODE = "limits_unavailable"
+"""The 503 of a request whose limits could not be checked (limits.store.on_error: deny)."""
+ANONYMOUS = "anonymous"
+"""The quota of callers without a configured key (a tenant id is 16 hex digits: no clash)."""
 
 
 class Tenant:
-    """One configured key: its spec and its quota."""
+    """One configured key: its spec, and the quota its requests count against."""
 
-    __slots__ = ("capture_id", "digest", "quota", "spec")
+    __slots__ = ("capture_id", "digest", "limits", "spec")
 
-    def __init__(self, spec: ApiKeySpec, digest: bytes, clock: Clock) -> None:
+    def __init__(self, spec: ApiKeySpec, digest: bytes) -> None:
         self.spec = spec
         self.digest = digest
         self.capture_id = tenant_id(digest)
-        self.quota = Quota(
-            spec.requests_per_minute, spec.tokens_per_minute, spec.max_concurrency, clock
-        )
+        self.limits = Limits(spec.requests_per_minute, spec.tokens_per_minute, spec.max_concurrency)
 
     def overrides(self, configured: object) -> bool:
         """Whether a request header may override a setting the key configures as ``configured``."""
@@ -156,10 +68,14 @@ class Tenant:
 class Lease:
     """An admitted request's hold on its quota; :meth:`release` exactly once."""
 
-    __slots__ = ("_ceiling", "_charged", "_quota")
+    __slots__ = ("_ceiling", "_charged", "_limits", "_quota", "_store")
 
-    def __init__(self, quota: Quota, charged: int, ceiling: int) -> None:
+    def __init__(
+        self, store: Settler, quota: str, limits: Limits, charged: int, ceiling: int
+    ) -> None:
+        self._store = store
         self._quota = quota
+        self._limits = limits
         self._charged = charged
         self._ceiling = ceiling
 
@@ -172,14 +88,21 @@ class Lease:
         """Free the concurrency slot and settle the token charge with ``used_tokens``
         (bounded by the request's ceiling, its choices times the context length: a usage
         figure past it is a backend's lie)."""
-        self._quota.inflight -= 1
-        bucket = self._quota.tokens
-        if bucket is not None:
-            refund = self._charged - min(max(used_tokens, 0), self._ceiling)
-            if refund >= 0:
-                bucket.give(refund)
-            else:
-                bucket.take(-refund)
+        refund = self._charged - min(max(used_tokens, 0), self._ceiling)
+        self._store.settle(self._quota, self._limits, refund)
+
+
+def _refused(who: str, refusal: Refusal) -> RouterError:
+    if refusal.kind == "open":
+        return _too_many(f"{who} has {refusal.held} requests open", 1.0)
+    if refusal.kind == "store":
+        return RouterError(
+            503,
+            "the limits store is unreachable",
+            code=STORE_DOWN_CODE,
+            headers={"Retry-After": "1"},
+        )
+    return _too_many(f"{who} is over its {refusal.kind} per minute", refusal.wait)
 
 
 def _too_many(message: str, wait: float) -> RouterError:
@@ -222,22 +145,24 @@ class Gate:
         required: bool,
         protect_metrics: bool = False,
         anonymous: AnonymousLimits | None = None,
-        clock: Clock = time.monotonic,
+        store: QuotaStore | None = None,
     ) -> None:
         """Resolve every key to its digest; raises ConfigError naming each unusable key.
 
         ``anonymous``: the limits shared by callers without a configured key (keys optional).
+        ``store``: where usage is kept (router.control.quota; by default this process's own
+        memory); a reload's new gate is given its predecessor's, so nobody's usage resets.
         """
         self.required = required
         self._protect_metrics = protect_metrics
+        self.store: QuotaStore = store if store is not None else QuotaTable.private()
         self._anonymous = (
             None
             if anonymous is None
-            else Quota(
+            else Limits(
                 anonymous.requests_per_minute,
                 anonymous.tokens_per_minute,
                 anonymous.max_concurrency,
-                clock,
             )
         )
         self._tenants: list[Tenant] = []
@@ -250,7 +175,7 @@ class Gate:
                 errors.append((f"api_keys[{i}].{where}", str(exc)))
                 continue
             if digest is not None:
-                self._tenants.append(Tenant(spec, digest, clock))
+                self._tenants.append(Tenant(spec, digest))
         if errors:
             raise ConfigError(errors)
         # By digest (a key listed twice: its last entry, as before). Looking a digest up
@@ -299,37 +224,30 @@ class Gate:
         if tenant is None or not tenant.spec.admin:
             raise RouterError(403, "this endpoint needs an admin API key", code="forbidden")
 
-    def adopt(self, previous: Gate) -> None:
-        """Carry the usage of ``previous`` (the gate a reload replaces) over to this one.
-
-        A key that stays (same digest) keeps its buckets' levels and in-flight count under its
-        new limits, and so does anonymous traffic: a reload resets nobody's quota.
-        """
-        old = {t.digest: t.quota for t in previous._tenants}
-        for tenant in self._tenants:
-            if tenant.digest in old:
-                tenant.quota = tenant.quota.take_over(old[tenant.digest])
-        if self._anonymous is not None and previous._anonymous is not None:
-            self._anonymous = self._anonymous.take_over(previous._anonymous)
-
-    def _quota(self, tenant: Tenant | None) -> tuple[Quota, str] | None:
-        """The quota a caller's requests count against, and how errors name it."""
+    def _quota(self, tenant: Tenant | None) -> tuple[str, Limits, str] | None:
+        """The quota a caller's requests count against, its limits, and how errors name it."""
         if tenant is not None:
-            return tenant.quota, "this API key"
+            return tenant.capture_id, tenant.limits, "this API key"
         if self._anonymous is not None:
-            return self._anonymous, "anonymous traffic"
+            return ANONYMOUS, self._anonymous, "anonymous traffic"
         return None
 
     def refuse_early(self, tenant: Tenant | None, *, tokens: bool = True) -> None:
         """429 now if the caller's quota alone refuses any request: every concurrent slot
-        taken, or the requests window (or, with ``tokens``, the token window) spent. Called
-        before the body is read, so a caller over its quota costs no reading nor parsing;
-        :meth:`admit` checks again, with the request's own charge."""
+        taken, or the requests window (or, with ``tokens``, the token window) spent, as far
+        as this process knows without asking the store. Called before the body is read, so
+        a caller over its quota costs no reading nor parsing; :meth:`admit` reserves, with
+        the request's own charge."""
         found = self._quota(tenant)
         if found is not None:
-            found[0].check(found[1], 1 if tokens else 0)
+            quota, limits, who = found
+            refusal = self.store.check(quota, limits, 1 if tokens else 0)
+            if refusal is not None:
+                raise _refused(who, refusal)
 
-    def admit(self, tenant: Tenant | None, info: RequestInfo, context_tokens: int) -> Lease | None:
+    async def admit(
+        self, tenant: Tenant | None, info: RequestInfo, context_tokens: int
+    ) -> Lease | None:
         """Check the caller's model list and limits; take a slot and charge the buckets.
 
         The charge is the request's budget (prompt plus output of every choice), never more
@@ -348,31 +266,24 @@ class Gate:
         found = self._quota(tenant)
         if found is None:
             return None
-        quota, who = found
         ceiling = info.choices * context_tokens
         charge = min(info.prompt_tokens + info.expected_output_tokens, ceiling)
-        if quota.tokens is not None:
-            charge = min(charge, int(quota.tokens.capacity))
-        quota.check(who, charge)
-        if quota.requests is not None:
-            quota.requests.take(1)
-        if quota.tokens is not None:
-            quota.tokens.take(charge)
-        quota.inflight += 1
-        return Lease(quota, charge, ceiling)
+        if found[1].tokens_per_minute is not None:
+            charge = min(charge, found[1].tokens_per_minute)
+        return await self._reserve(found, charge, ceiling)
 
-    def admit_call(self, tenant: Tenant | None) -> Lease | None:
+    async def admit_call(self, tenant: Tenant | None) -> Lease | None:
         """:meth:`admit` for a call that names no model and spends no tokens (the Batch
         API's): one of the caller's requests per minute and a concurrency slot, or 429."""
         found = self._quota(tenant)
-        if found is None:
-            return None
-        quota, who = found
-        quota.check(who, 0)
-        if quota.requests is not None:
-            quota.requests.take(1)
-        quota.inflight += 1
-        return Lease(quota, 0, 0)
+        return None if found is None else await self._reserve(found, 0, 0)
+
+    async def _reserve(self, found: tuple[str, Limits, str], charge: int, ceiling: int) -> Lease:
+        quota, limits, who = found
+        got = await self.store.reserve(quota, limits, charge)
+        if isinstance(got, Refusal):
+            raise _refused(who, got)
+        return Lease(got, quota, limits, charge, ceiling)
 
 
 def _resolve(spec: ApiKeySpec) -> bytes | None:

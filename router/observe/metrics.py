@@ -313,6 +313,20 @@ class Metrics:
             "Client connections answered 503 and closed: the connection cap was reached.",
             registry=r,
         )
+        self._limits_local = Counter(
+            "turnout_limits_local_total",
+            "Requests whose limits were decided without the shared limits store (Redis "
+            "unreachable), by outcome: allowed or refused by this router's own buckets "
+            "(on_error: allow), or denied for the outage (on_error: deny).",
+            ["outcome"],
+            registry=r,
+        )
+        self._limits_up = Gauge(
+            "turnout_limits_store_up",
+            "1 while the shared limits store (Redis) answers this process, else 0.",
+            registry=r,
+            multiprocess_mode="livemin",  # 0 when any worker cannot reach it
+        )
         # Every reason exported at 0 from the start, so rate() and alerts see the series
         # before the first drop (Prometheus' advice for known label values).
         for reason in CAPTURE_DROP_REASONS:
@@ -421,6 +435,13 @@ class Metrics:
     def watch_queue(self, request_class: str, waiting: Callable[[], float]) -> None:
         """Read a class's admission queue length from live state at scrape time."""
         self._watch(self._queued.labels(request_class), waiting)
+
+    def limits_local(self, outcome: str) -> None:
+        self._limits_local.labels(outcome).inc()
+
+    def watch_limits_store(self, up: Callable[[], float]) -> None:
+        """Read whether the shared limits store answers, at scrape time."""
+        self._watch(self._limits_up, up)
 
     def watch_prediction_error(self, policy: str, backend: str, read: Callable[[], float]) -> None:
         """Read a policy's own TTFT prediction error for a backend at scrape time."""

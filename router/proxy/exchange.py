@@ -20,6 +20,7 @@ import orjson
 from policies.base import Policy
 from policies.types import Outcome, RequestInfo
 from router.control.admission import QueueRejected, Saturated
+from router.control.auth import STORE_DOWN_CODE
 from router.observe.metrics import FAILURES
 from router.observe.tracing import NO_TRACE, Ending, RequestTrace
 from router.proxy.drain import CODE as DRAIN_CODE
@@ -61,6 +62,8 @@ def rejection_reason(exc: RouterError) -> str:
         return "shutting_down"
     if isinstance(exc, (Saturated, QueueRejected)):
         return "overloaded"
+    if exc.code == STORE_DOWN_CODE:  # limits that could not be checked (on_error: deny)
+        return "quota"
     return _REJECTED.get(exc.status, "internal")
 
 

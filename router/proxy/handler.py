@@ -99,7 +99,7 @@ async def handle(
         extra["X-Turnout-Class"] = info.request_class
         # Within the configured bounds: a backend must not set what its answers cost.
         context = limits.context_tokens(state.pool.context_tokens(info.model))
-        lease = snap.gate.admit(tenant, info, context)
+        lease = await snap.gate.admit(tenant, info, context)
         add_usage = _router_asks_usage(parsed)
         t = time.monotonic()
         targets = await state.admission.admit(

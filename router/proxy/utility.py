@@ -51,7 +51,7 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
             message = "this API key may use only some models: name one in 'model'"
             raise RouterError(403, message, "model", "model_not_allowed")
         info = RequestInfo(rid, endpoint, model or "", "interactive", max_tokens=0)
-        lease = gate.admit(tenant, info, 0)  # its model list and limits; charged nothing
+        lease = await gate.admit(tenant, info, 0)  # its model list and limits; charged nothing
         return await _forwarded(request, state, config, info, raw, doc, extra)
     except RouterError as exc:
         return error_answer(exc, extra)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from router.cli import load_checked
-from router.config.model import ConfigError, LimitSettings, ShutdownSettings
+from router.config.model import ConfigError, LimitSettings, LimitStore, ShutdownSettings
 from router.config.parse import parse_config
 from tests.router.harness import base_config, write_config
 
@@ -103,3 +103,19 @@ def test_unreadable_key_file_fails_check_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_checked(write_config(tmp_path, doc))
     assert dict(exc.value.errors)["api_keys[0].file"].startswith("cannot read key file")
+
+
+def test_the_limits_store() -> None:
+    assert parse_config(GOOD).limits.store == LimitStore()  # the router's own memory
+    store = {"redis": {"url": "redis://:pw@127.0.0.1:6379/2"}, "on_error": "deny"}
+    config = parse_config(dict(GOOD, limits={"store": store}))
+    assert config.limits.store == LimitStore("redis://:pw@127.0.0.1:6379/2", "deny")
+    bad = {"redis": {"url": "http://x", "db": 1}, "on_error": "maybe", "size": 3}
+    errors = errors_of(dict(GOOD, limits={"store": bad}))
+    assert set(errors) == {
+        "limits.store.redis.url",
+        "limits.store.redis.db",
+        "limits.store.on_error",
+        "limits.store.size",
+    }
+    assert "limits.store.redis.url" in errors_of(dict(GOOD, limits={"store": {"redis": {}}}))

@@ -1,0 +1,126 @@
+"""One set of limits for a key however many router processes serve it: the workers of one
+router through their shared memory, two routers of two workers each through a real
+redis-server. Every request goes over a fresh connection, so the kernel spreads them over
+a router's workers (SO_REUSEPORT) as it would a fleet of clients."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.procs import Emulator, Process, start_emulator
+from tests.redis_server import RedisServer, start_redis
+from tests.router.harness import Reply, base_config, post, start_router, write_config
+
+MODEL = "deepseek-v4.1-flash"
+KEY = "sk-shared-limits"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[Emulator]:
+    with start_emulator("vllm", time_scale=4) as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with start_redis() as server:
+        yield server
+
+
+def config(emulator: Emulator, redis_url: str | None = None, **limits: int) -> dict[str, Any]:
+    doc = base_config([("vllm", "vllm", emulator.url)])
+    doc["require_api_key"] = True
+    doc["api_keys"] = [{"name": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), **limits}]
+    doc["access_log"] = {"enabled": False}
+    if redis_url is not None:
+        doc["limits"] = {"store": {"redis": {"url": redis_url}}}
+    return doc
+
+
+def chat(url: str, max_tokens: int = 2) -> Reply:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+    return post(url + "/v1/chat/completions", body, AUTH)
+
+
+def hammer(urls: list[str], count: int, max_tokens: int = 2) -> list[Reply]:
+    """``count`` requests at once, spread round the routers' ``urls``."""
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(lambda i: chat(urls[i % len(urls)], max_tokens), range(count)))
+
+
+def worker(reply: Reply) -> str:
+    """The worker process that answered (request ids start with its own prefix)."""
+    return reply.headers["x-request-id"].rsplit("-", 1)[0]
+
+
+def admitted(replies: list[Reply]) -> list[Reply]:
+    for r in replies:
+        assert r.status in (200, 429), r.text
+        if r.status == 429:
+            assert 1 <= int(r.headers["retry-after"]) <= 60
+    return [r for r in replies if r.status == 200]
+
+
+def test_the_workers_of_one_router_share_a_keys_requests_per_minute(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    path = write_config(tmp_path, config(emulator, requests_per_minute=10))
+    with start_router(path, ["--workers", "2"]) as router:
+        start = time.monotonic()
+        replies = hammer([router.url], 40)
+        refill = (time.monotonic() - start) * 10 / 60
+    served = admitted(replies)
+    # One bucket of 10 for both workers (each alone would have let 10 through).
+    assert 10 <= len(served) <= 10 + int(refill) + 1
+    assert len({worker(r) for r in replies}) == 2  # both workers took part
+
+
+def test_two_routers_of_two_workers_share_one_set_of_limits_in_redis(
+    emulator: Emulator, redis: RedisServer, tmp_path: Path
+) -> None:
+    doc = config(emulator, redis.url, requests_per_minute=20, tokens_per_minute=100_000)
+    a_path = write_config(tmp_path, doc, "a.yaml")
+    b_path = write_config(tmp_path, doc, "b.yaml")
+    with (
+        start_router(a_path, ["--workers", "2"]) as a,
+        start_router(b_path, ["--workers", "2"]) as b,
+    ):
+        start = time.monotonic()
+        replies = hammer([a.url, b.url], 80)
+        refill = (time.monotonic() - start) * 20 / 60
+    served = admitted(replies)
+    assert 20 <= len(served) <= 20 + int(refill) + 1
+    assert len({worker(r) for r in replies}) == 4  # all four processes took part
+
+
+def test_a_keys_concurrency_cap_holds_across_routers(
+    emulator: Emulator, redis: RedisServer, tmp_path: Path
+) -> None:
+    doc = config(emulator, redis.url, max_concurrency=3)
+    routers: list[Process] = []
+    with (
+        start_router(write_config(tmp_path, doc, "a.yaml"), ["--workers", "2"]) as a,
+        start_router(write_config(tmp_path, doc, "b.yaml"), ["--workers", "2"]) as b,
+    ):
+        routers = [a, b]
+        # 12 at once, each streaming 400 tokens for about a second: only 3 are open at once.
+        replies = hammer([r.url for r in routers], 12, max_tokens=400)
+        refused = [r for r in replies if r.status == 429]
+        assert len(admitted(replies)) == 3
+        assert all("requests open" in r.json()["error"]["message"] for r in refused)
+        # Their slots were given back: the key is served again.
+        assert all(chat(r.url).status == 200 for r in routers)
