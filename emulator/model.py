@@ -23,6 +23,7 @@ import random
 
 from emulator.cold import ColdStart
 from emulator.dp import DPFrontEnd
+from emulator.faults import draw_stragglers
 from emulator.kvtransfer import Holds, Link, Pull
 from emulator.profiles import Profile
 from emulator.rank import Rank, Sequence, State
@@ -36,6 +37,7 @@ class Engine:
     def __init__(self, profile: Profile, seed: int = 0) -> None:
         self.profile = profile
         self._rng = random.Random(seed)
+        self._fault_rng = random.Random(seed + 1)  # stragglers, apart from rank assignment
         self._cold = (
             ColdStart(profile.cold_prefills, profile.cold_concurrency)
             if profile.cold_prefills
@@ -72,6 +74,8 @@ class Engine:
         self._keys += 1
         seq.key = self._keys
         p = self.profile
+        if seq.stall is None or seq.slow_factor is None:
+            draw_stragglers(seq, p.faults, self._fault_rng)
         # Tokenizing grows with the prompt; how long it takes varies with the server's load.
         per_token = p.frontend_per_token_us * 2.0 * seq.rng.random()
         delay = p.frontend_ms / 1e3 + seq.prompt_tokens * per_token / 1e6 - spent

@@ -43,6 +43,13 @@ class Faults:
     ``drop_after``: abort every stream after this many tokens (None: never).
     ``stall``: real seconds to wait before answering each request.
     ``max_waiting``: reject with 503 when this many requests already wait (None: unbounded).
+    ``first_token_stall_rate``: share of requests whose first content token comes
+    ``first_token_stall`` (model) seconds late: they are admitted and hold their running slot
+    and KV blocks, but their prefill waits out the stall (the response headers and a chat
+    stream's role chunk still go at once).
+    ``slow_decode_rate``: share of requests that, after their first token, decode
+    ``slow_decode_tokens`` tokens ``slow_decode_factor`` times slower (one token every that
+    many steps of their rank).
     """
 
     error_rate: float = 0.0
@@ -50,6 +57,11 @@ class Faults:
     drop_after: int | None = None
     stall: float = 0.0
     max_waiting: int | None = None
+    first_token_stall_rate: float = 0.0
+    first_token_stall: float = 0.0
+    slow_decode_rate: float = 0.0
+    slow_decode_factor: int = 4
+    slow_decode_tokens: int = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +210,11 @@ def _faults_from(raw: object, errors: list[str]) -> Faults:
         value = _check_scalar(f"faults.{key}", item, str(f.type), errors)
         if value is not None or item is None:
             values[key] = value
-    if values.get("error_rate", 0.0) > 1.0:
-        errors.append("faults.error_rate: must be between 0 and 1")
+    for rate in ("error_rate", "first_token_stall_rate", "slow_decode_rate"):
+        if values.get(rate, 0.0) > 1.0:
+            errors.append(f"faults.{rate}: must be between 0 and 1")
+    if values.get("slow_decode_factor") == 0:
+        errors.append("faults.slow_decode_factor: must be at least 1")
     if "error_status" in values and values["error_status"] not in ERROR_STATUSES:
         errors.append(f"faults.error_status: must be one of {ERROR_STATUSES}")
     return Faults(**values)

@@ -74,6 +74,12 @@ class Sequence:
     hold_kv: bool = False
     remote_tokens: int = 0
     transfer_id: str = ""
+    # Stragglers (emulator.faults; None: the engine draws them from its profile at submit).
+    stall: float | None = None  # first-token stall still to serve, model seconds
+    stall_end: float | None = None  # admitted and stalled: no prefill before this time
+    slow_factor: int | None = None  # after the first token, one token every this many steps
+    slow_tokens: int = 0  # tokens still to decode slowly
+    slow_phase: int = 0  # steps since its last slow token
 
     @property
     def done(self) -> bool:
@@ -103,6 +109,7 @@ class Rank:
         self.step_prefill: list[tuple[Sequence, int]] = []
         self.lane_end: float | None = None  # overlap: the prefill lane's current job
         self.lane_job: Sequence | None = None
+        self.wakes: list[float] = []  # heap: when stalled sequences may begin their prefill
         self.preemptions = 0
         # (waiting, running) as last published, before and after each step: what vLLM's DP
         # front end balances on. Requests that arrive during a step are not in it until the
@@ -167,6 +174,10 @@ class Rank:
         self.running.append(head)
         if cold is not None:
             cold.began(head)
+        if head.stall:  # it holds its slot and blocks from now, its prefill waits
+            head.stall_end = now + head.stall
+            head.stall = 0.0  # once: a preempted sequence is not stalled again
+            heapq.heappush(self.wakes, head.stall_end)
         return head
 
     def _cache(self, seq: Sequence, computed: int) -> None:
@@ -255,11 +266,12 @@ class Rank:
 
     # clocks ----------------------------------------------------------------------------
     def deadline(self) -> float | None:
-        if self.lane_end is None:
-            return self.step_end
-        if self.step_end is None:
-            return self.lane_end
-        return min(self.lane_end, self.step_end)
+        t = self.step_end if self.lane_end is None else self.lane_end
+        if self.step_end is not None and self.lane_end is not None:
+            t = min(self.lane_end, self.step_end)
+        if self.wakes and (t is None or self.wakes[0] < t):
+            return self.wakes[0]
+        return t
 
     def kick(self, now: float) -> None:
         """Start whatever can start at ``now`` on an idle lane or step loop."""
@@ -273,8 +285,11 @@ class Rank:
 
     def fire(self, out: list[Sequence]) -> None:
         """Complete the earliest due event (prefill lane first on a tie) and restart."""
-        if self.lane_end is not None and (self.step_end is None or self.lane_end <= self.step_end):
-            now = self.lane_end
+        wakes, lane = self.wakes, self.lane_end
+        if wakes and wakes[0] == self.deadline():  # a stall ended: an idle rank starts
+            now = heapq.heappop(wakes)
+        elif lane is not None and (self.step_end is None or lane <= self.step_end):
+            now = lane
             self._end_lane(now, out)
         else:
             assert self.step_end is not None
@@ -310,7 +325,7 @@ class Rank:
             if budget <= 0:
                 break
             left = seq.prefill_target - seq.prefilled
-            if left > 0:
+            if left > 0 and (seq.stall_end is None or seq.stall_end <= now):
                 chunk = min(left, budget)
                 prefill.append((seq, chunk))
                 budget -= chunk
@@ -318,6 +333,8 @@ class Rank:
             new = self._admit(now)
             if new is None:
                 break
+            if new.stall_end is not None and new.stall_end > now:
+                continue
             chunk = min(new.prefill_target - new.prefilled, budget)
             prefill.append((new, chunk))
             budget -= chunk
@@ -335,6 +352,12 @@ class Rank:
         self.step_end = None
         for seq in self.step_decode:
             if seq.state is State.RUNNING:
+                if seq.slow_tokens:  # a slow-decode straggler emits every slow_factor steps
+                    seq.slow_phase += 1
+                    if seq.slow_phase < (seq.slow_factor or 1):
+                        continue
+                    seq.slow_phase = 0
+                    seq.slow_tokens -= 1
                 self._emit(seq, seq.step_tokens or 1, now, out)
         for seq, chunk in self.step_prefill:
             if seq.state is State.RUNNING:
@@ -353,6 +376,8 @@ class Rank:
             return
         self.lane_job = seq
         left = seq.prefill_target - seq.prefilled  # cached blocks skip the compute
+        if seq.stall_end is not None and seq.stall_end > now:
+            now = seq.stall_end  # a stalled prefill holds the lane (one serial lane per rank)
         self.lane_end = now + (
             self.p.prefill_base_ms / 1e3 + self.p.prefill_per_token_us / 1e6 * left
         )

@@ -210,6 +210,7 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
         tokens=(*prompt_ids(doc, api), *output_ids(pieces)),
     )
     await _transfer(request, state, doc, seq)
+    plan.mark(seq, opts.profile.faults)
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     job = _Job(
         doc=doc,
