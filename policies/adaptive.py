@@ -164,12 +164,10 @@ class AdaptivePolicy:
     # -- choose ---------------------------------------------------------------------------
 
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
-        """Rank the healthy candidates for ``req``."""
+        """Rank the healthy candidates for ``req`` (what it learns waits for
+        :meth:`committed`)."""
         healthy = [c for c in candidates if c.healthy]
-        for c in candidates:
-            self._reconcile(c)
         ahead = {c.name: queued_prefill_tokens(c, self.typical_prompt) for c in healthy}
-        self.predictor.note(req, ahead)
         predicted = {
             c.name: self.predictor.predict(c.name, ahead[c.name], req.prompt_tokens)
             for c in healthy
@@ -184,17 +182,32 @@ class AdaptivePolicy:
         pooled = self.settings.low_ttft | self.settings.high_throughput
         rest = self._order(req, [c for c in healthy if c.engine not in pooled], predicted, key)
         priority = None
+        spill: str | None = None
         if req.request_class == "interactive":
             ranked = self._interactive(req, low, high, ahead) + rest
         elif (target := self._spill_target(req, low, high, ahead, predicted)) is None:
             ranked = high + low + rest
         else:
-            self._note_spill(req, target.name)
+            spill = target.name
             ranked = [target] + high + [c for c in low if c is not target] + rest
             priority = self.settings.spill.priority if target.priority_capable else None
-        if ranked:
-            self.cache.record(ranked[0].name, req.prefix_blocks)
-        return Decision(tuple(c.name for c in ranked), priority=priority, scores=predicted)
+        memo = _Chosen(candidates, healthy, ahead, spill)
+        names = tuple(c.name for c in ranked)
+        return Decision(names, priority=priority, scores=predicted, memo=memo)
+
+    def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
+        """The request goes to ``backend`` on ``decision`` (one of :meth:`choose`'s): note
+        the predictions to score when it finishes, the spill, and where its prefix went."""
+        chosen = decision.memo
+        if not isinstance(chosen, _Chosen):
+            return
+        for c in chosen.candidates:
+            self._reconcile(c)
+        self.predictor.note(req, chosen.ahead)
+        if chosen.spill == backend:
+            self._note_spill(req, backend)
+        self.cache.observe(req, chosen.healthy)
+        self.cache.record(backend, req.prefix_blocks)
 
     def _order(
         self,
@@ -368,6 +381,18 @@ class AdaptivePolicy:
             self.typical_prompt += _PROMPT_ALPHA * (req.prompt_tokens - self.typical_prompt)
         if self.engines.get(group_of(backend)) in self.settings.low_ttft:
             self.governor.record(self.settings.slo["interactive"].met(outcome))
+
+
+@dataclass(frozen=True, slots=True)
+class _Chosen:
+    """What :meth:`AdaptivePolicy.choose` hands its ``committed`` (``Decision.memo``)."""
+
+    candidates: Sequence[Candidate]
+    healthy: Sequence[Candidate]
+    ahead: Mapping[str, float]
+    """Prefill tokens queued per healthy backend, as predicted from."""
+    spill: str | None
+    """The low-TTFT backend a batch request is spilled to, if it is."""
 
 
 def _queued_share(c: Candidate) -> float:

@@ -39,6 +39,20 @@ class Learner(Protocol):
 
 
 @runtime_checkable
+class Commits(Protocol):
+    """A plugin that records where requests are sent (the pipeline forwards ``committed``).
+
+    Called once per request, with the candidates it was ranked over and the backend its
+    first attempt goes to: what a plugin learns from a choice belongs here, not in its
+    ``score`` or ``pick``, which run again for a request that waited for room.
+    """
+
+    def committed(
+        self, req: RequestInfo, candidates: Sequence[Candidate], backend: str
+    ) -> None: ...
+
+
+@runtime_checkable
 class Forgets(Protocol):
     """A policy or plugin that keeps figures per backend name.
 
@@ -52,12 +66,22 @@ class Forgets(Protocol):
 
 @runtime_checkable
 class Policy(Protocol):
-    """A named routing policy: ``choose`` is pure and synchronous; ``on_finish`` feeds back."""
+    """A named routing policy: ``choose`` is pure and synchronous; ``committed`` and
+    ``on_finish`` are where it learns.
+
+    ``choose`` may run more than once for a request, or for one never sent (the simulator
+    and the debugging endpoints ask too), so it changes nothing. ``committed`` is called
+    once per request the router sends, with the decision it is sent on and the backend its
+    first attempt goes to (llm-d's PreRequest); ``on_finish`` once per classified request,
+    sent or not.
+    """
 
     name: str
     type: str
 
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision: ...
+
+    def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None: ...
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None: ...
 

@@ -25,7 +25,8 @@ class RoundRobinPicker:
     """Rotates the head through the candidates, one step per request; scores are ignored.
 
     The rotation follows the candidates' order, and the tail keeps that order after the head,
-    so the failover order is the next backends in turn.
+    so the failover order is the next backends in turn. The turn moves on when a request is
+    sent (:meth:`committed`), so picking again for a request that waited changes nothing.
     """
 
     _turn: int = 0
@@ -34,9 +35,11 @@ class RoundRobinPicker:
         if not scored:
             return []
         start = self._turn % len(scored)
-        self._turn += 1
         names = [c.name for c, _ in scored]
         return names[start:] + names[:start]
+
+    def committed(self, req: RequestInfo, candidates: Sequence[Candidate], backend: str) -> None:
+        self._turn += 1
 
 
 def make_max_score(p: Reader, ctx: BuildContext) -> Picker:

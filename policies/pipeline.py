@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from policies.base import (
+    Commits,
     Filter,
     Forgets,
     Learner,
@@ -77,6 +78,7 @@ class PipelinePolicy:
     picker_type: str = ""
     """Configured type name of ``picker`` (as ``filter_types``)."""
     learners: tuple[Learner, ...] = field(init=False)
+    committers: tuple[Commits, ...] = field(init=False)
     _filter_runs: tuple[_FilterRun, ...] = field(init=False)
     _scorer_runs: tuple[tuple[Scorer, float, _Timer], ...] = field(init=False)
     _pick_timer: _Timer = field(init=False)
@@ -84,6 +86,7 @@ class PipelinePolicy:
     def __post_init__(self) -> None:
         plugins: list[object] = [*self.filters, *(s for s, _ in self.scorers), self.picker]
         self.learners = tuple(p for p in plugins if isinstance(p, Learner))
+        self.committers = tuple(p for p in plugins if isinstance(p, Commits))
         name, obs = self.name, self.observer
         self._filter_runs = tuple(
             (
@@ -130,7 +133,15 @@ class PipelinePolicy:
         t0 = clock()
         ranked = self.picker.pick(req, scored)
         self._pick_timer(clock() - t0)
-        return Decision(ranked=tuple(ranked), scores=totals)
+        return Decision(ranked=tuple(ranked), scores=totals, memo=survivors)
+
+    def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
+        """Forward to every plugin that records its choices, with the candidates that
+        survived the filters (those it was asked about)."""
+        survivors = decision.memo
+        if self.committers and isinstance(survivors, Sequence):
+            for plugin in self.committers:
+                plugin.committed(req, survivors, backend)
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Forward the outcome to every plugin that learns."""

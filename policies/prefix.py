@@ -181,7 +181,6 @@ class PrefixIndex:
     ) -> Candidate | None:
         """The open candidate holding the most of ``req``'s leading blocks (ties: least
         loaded), or None when no open candidate holds any."""
-        self.observe(req, candidates)
         best: Candidate | None = None
         best_key = (0, 0, 0)
         for c in self.open(candidates, max_imbalance):
@@ -205,20 +204,23 @@ def read_index(
 @dataclass(frozen=True, slots=True)
 class CacheAwareScorer:
     """The share of the prompt's leading blocks each backend probably holds, in [0, 1];
-    0 for a backend the load gate closes. A learner: it records where requests were served
-    (so it learns of a placement when the request finishes)."""
+    0 for a backend the load gate closes. A learner: it sizes its record when a request is
+    sent, and records where requests were served (so it learns of a placement when the
+    request finishes)."""
 
     index: PrefixIndex
     max_imbalance: int | None = DEFAULT_IMBALANCE
 
     def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:
-        self.index.observe(req, candidates)
         scores = dict.fromkeys((c.name for c in candidates), 0.0)
         total = len(req.prefix_blocks)
         if total:
             for c in self.index.open(candidates, self.max_imbalance):
                 scores[c.name] = self.index.matched(c.name, req.prefix_blocks) / total
         return scores
+
+    def committed(self, req: RequestInfo, candidates: Sequence[Candidate], backend: str) -> None:
+        self.index.observe(req, candidates)
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         if outcome.ok:
@@ -271,7 +273,6 @@ class CacheAwarePolicy:
         if not pool:
             return Decision((), empty_reason=NO_HEALTHY)
         blocks = req.prefix_blocks
-        self.index.observe(req, pool)
         matched = {c.name: self.index.matched(c.name, blocks) for c in pool}
         opened = {c.name for c in self.index.open(pool, self.max_imbalance)}
         ranked = sorted(
@@ -284,14 +285,23 @@ class CacheAwarePolicy:
                 self.index.size(c.name),  # a cold prompt goes where the least is cached
             ),
         )
-        pick = ranked[0].name
-        total = len(blocks)
-        self.index.routed(pick, 1 - matched[pick] / total if total else 1.0)
-        self.index.record(pick, blocks)
+        total = len(blocks) or 1
         return Decision(
             tuple(c.name for c in ranked),
-            scores={n: m / (total or 1) for n, m in matched.items()},
+            scores={n: m / total for n, m in matched.items()},
+            memo=pool,
         )
+
+    def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
+        """Record the pick at once: a burst of requests with one prefix then sticks
+        together (``Decision.scores`` is the share of the prompt ``backend`` held)."""
+        pool = decision.memo
+        if isinstance(pool, Sequence):
+            self.index.observe(req, pool)
+        self.index.routed(
+            backend, 1 - decision.scores.get(backend, 0.0) if req.prefix_blocks else 1.0
+        )
+        self.index.record(backend, req.prefix_blocks)
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         if outcome.ok:

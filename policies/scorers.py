@@ -48,8 +48,8 @@ class ClassAffinityScorer:
 class PredictedTtftScorer:
     """Shorter predicted TTFT is better: ``target / (target + predicted)``.
 
-    A learner: it notes its queue estimates per request and learns each backend's prefill
-    rate from the outcomes (see ``predictor.py``).
+    A learner: it notes its queue estimates for each request sent and learns each backend's
+    prefill rate from the outcomes (see ``predictor.py``).
     """
 
     predictor: TtftPredictor
@@ -57,13 +57,18 @@ class PredictedTtftScorer:
     typical_prompt: float = 1000.0
 
     def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:
-        ahead = {c.name: queued_prefill_tokens(c, self.typical_prompt) for c in candidates}
-        self.predictor.note(req, ahead)
+        ahead = self._ahead(candidates)
         return {
             c.name: self.target_s
             / (self.target_s + self.predictor.predict(c.name, ahead[c.name], req.prompt_tokens))
             for c in candidates
         }
+
+    def committed(self, req: RequestInfo, candidates: Sequence[Candidate], backend: str) -> None:
+        self.predictor.note(req, self._ahead(candidates))
+
+    def _ahead(self, candidates: Sequence[Candidate]) -> dict[str, float]:
+        return {c.name: queued_prefill_tokens(c, self.typical_prompt) for c in candidates}
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         self.predictor.observe(req, backend, outcome)

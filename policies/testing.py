@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from policies.types import Candidate, EngineLoad, RequestClass, RequestInfo
+from collections.abc import Sequence
+
+from policies.base import Policy
+from policies.types import Candidate, Decision, EngineLoad, RequestClass, RequestInfo
 
 
 def make_candidate(
@@ -61,3 +64,12 @@ def make_request(
         prefix_hash=prefix_hash,
         prefix_blocks=prefix_blocks,
     )
+
+
+def send(policy: Policy, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
+    """``policy``'s decision for ``req``, committed to its head as the router commits a
+    request it sends there (an empty ranking commits nothing)."""
+    decision = policy.choose(req, candidates)
+    if decision.ranked:
+        policy.committed(req, decision, decision.ranked[0])
+    return decision

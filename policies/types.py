@@ -80,7 +80,13 @@ class Candidate:
 
     @property
     def saturated(self) -> bool:
-        return self.max_inflight is not None and self.inflight >= self.max_inflight
+        return at_limit(self.inflight, self.max_inflight)
+
+
+def at_limit(inflight: int, max_inflight: int | None) -> bool:
+    """A backend with ``inflight`` requests open takes no more: the one rule, for the
+    router's live figures and a policy's snapshot of them alike."""
+    return max_inflight is not None and inflight >= max_inflight
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,9 @@ class Decision:
     empty_reason: str | None = None
     """Why ``ranked`` is empty, when the policy can say (e.g. which filter removed every
     candidate); the router adds it to its 503 message."""
+    memo: object = None
+    """What ``choose`` worked out that the policy's ``committed`` records, should the router
+    send the request on this decision (the router hands it back untouched)."""
 
 
 @dataclass(frozen=True, slots=True)

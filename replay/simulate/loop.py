@@ -36,6 +36,8 @@ from replay.simulate.requests import Refused, Routed, SimTurn, engine_sequence, 
 from replay.simulate.world import Backend, World
 from replay.sources import Item
 from router.backends.pool import BackendLease
+from router.control.admission import WaitQueues
+from router.control.plan import Plan, Refusal, first_free, plan
 
 SESSIONS = 100_000
 """Conversations remembered at once (the least recently continued idle one goes first)."""
@@ -55,6 +57,21 @@ class Flight:
     reply: Piece = (0, 0)
     first: float | None = None
     chunks: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """A planned request until it is sent: in the admission queue while every backend of
+    its plan is full."""
+
+    routed: Routed
+    plan: Plan
+    since: float
+    """When it arrived (and, if it waits, began to wait)."""
+    key: int = 0
+    """Its place among arrivals, for ties between deadlines."""
+    done: bool = False
+    """Sent or refused: a deadline still queued for it is void."""
 
 
 @dataclass(slots=True)
@@ -91,6 +108,10 @@ class Simulation:
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._ready: list[tuple[float, int, Planned]] = []  # turns due after an answer
         self._queued = 0  # turns waiting for an answer: engines then run step by step
+        self.queues: WaitQueues[Waiter] = WaitQueues(world.config.admission)
+        """The router's admission queues, on the virtual clock."""
+        self._deadlines: list[tuple[float, int, Waiter]] = []
+        self._arrivals = 0
         self._model = world.model()
         self.events = 0
         """Router moments (arrivals and scrapes) simulated."""
@@ -114,20 +135,28 @@ class Simulation:
         arrivals = iter(plan)
         nxt = next(arrivals, None)
         ready = self._ready
-        while nxt is not None or self.flights or ready:
+        deadlines = self._deadlines
+        while nxt is not None or self.flights or ready or deadlines:
             t_plan = nxt.at if nxt is not None else math.inf
             t_ready = ready[0][0] if ready else math.inf
-            now = min(t_plan, t_ready, next_scrape)
+            while deadlines and deadlines[0][2].done:
+                heapq.heappop(deadlines)
+            t_dead = deadlines[0][0] if deadlines else math.inf
+            now = min(t_plan, t_ready, next_scrape, t_dead)
             if not self._advance(now) or (ready and ready[0][0] < now):
                 continue  # stepping towards ``now``, or an answer let a turn go earlier
-            if nxt is None and not self.flights and not ready:  # the last answer is in
-                break
+            if deadlines and deadlines[0][2].done:
+                continue  # an answer let the waiter go meanwhile
+            if nxt is None and not self.flights and not ready and not deadlines:
+                break  # the last answer is in
             world.now = now
             self.events += 1
             if next_scrape <= now:
                 for b in world.backends:
                     b.scrape()
                 next_scrape += every
+            elif t_dead <= now:
+                self._expire(now)
             elif t_ready <= now:
                 self._arrive(heapq.heappop(ready)[2], now, ready=True)
             elif nxt is not None:
@@ -144,7 +173,8 @@ class Simulation:
         ended: list[tuple[float, int, Flight, Sequence]] = []
         flights = self.flights
         target = until
-        if self._queued or self._closed_loop:  # an answer may release a request before then
+        # an answer may release a turn or a waiting request before then
+        if self._queued or self._closed_loop or self._deadlines:
             due = [b.deadline for b in self.world.backends if b.deadline is not None]
             until = min([until, *due])
         for b in self.world.backends:
@@ -170,7 +200,7 @@ class Simulation:
         return until >= target
 
     def _arrive(self, planned: Planned, now: float, *, ready: bool = False) -> None:
-        item, world, policy = planned.item, self.world, self.policy
+        item, world = planned.item, self.world
         routed: Routed | None = None
         prev: SimTurn | None = None
         if item.session is not None:
@@ -188,38 +218,84 @@ class Simulation:
             prev = s.last
         try:
             routed = understand(item, self._model, world.config.classification, self.prompts, prev)
-            info = routed.info
-            if not world.pool.known_model(info.model):
-                raise Refused(404, f"model '{info.model}' does not exist")
-            candidates = world.pool.candidates(info.model)
-            if not candidates:
-                raise Refused(503, "no healthy backend serves this model")
-            decision = policy.choose(info, candidates)
-            backend, served = world.choose(policy, info.model, decision)
-            priority = decision.priority if backend.state.spec.priority_capable else None
-            seq, finish, reply = engine_sequence(
-                routed,
-                backend.profile,
-                served,
-                backend.seed,
-                backend.engine.capacity_tokens(),
-                priority,
-                self.prompts,
-            )
         except Refused as e:
             self._refused(item, routed, e, now)
             return
+        # the router's own planning and admission (router.control.plan, router.control.admission)
+        chosen = plan(world.pool, self.policy, routed.info, world.config.failover.max_attempts)
+        if isinstance(chosen, Refusal):
+            self._refused(item, routed, Refused(chosen.status, chosen.message), now)
+            return
+        self._arrivals += 1
+        waiter = Waiter(routed, chosen, now, self._arrivals)
+        if not self._go(waiter, now):
+            self._wait(waiter, now)
+
+    def _go(self, w: Waiter, now: float) -> bool:
+        """Send ``w`` to the first of its attempts with room, as the router would; False
+        when none has room."""
+        i = first_free(w.plan.attempts)
+        if i is None:
+            return False
+        attempt = w.plan.attempts[i]
+        info, backend = w.routed.info, self.world.by_name[attempt.backend.name]
+        self.policy.committed(info, w.plan.decision, backend.state.name)
+        w.done = True
+        try:
+            seq, finish, reply = engine_sequence(
+                w.routed,
+                backend.profile,
+                attempt.model,
+                backend.seed,
+                backend.engine.capacity_tokens(),
+                w.plan.priority(backend.state),
+                self.prompts,
+            )
+        except Refused as e:  # the engine's own error answer
+            self._refused(w.routed.item, w.routed, e, now, backend.state.name)
+            return True
         lease = backend.state.lease(info)
-        self.flights[seq] = Flight(routed, backend, lease, now, finish, reply)
+        self.flights[seq] = Flight(w.routed, backend, lease, w.since, finish, reply)
         backend.engine.submit(seq, now * backend.scale)
         backend.refresh()
+        return True
 
-    def _refused(self, item: Item, routed: Routed | None, e: Refused, now: float) -> None:
+    def _wait(self, w: Waiter, now: float, *, front: bool = False) -> None:
+        """Into the admission queue of ``w``'s class, or refused as the router refuses."""
+        cls = w.routed.info.request_class
+        refusal = self.queues.refusal(cls, w.since, now, front=front)
+        if refusal is not None:
+            w.done = True
+            self._refused(w.routed.item, w.routed, Refused(refusal.status, refusal.message), now)
+            return
+        self.queues.put(cls, w, front=front)
+        if not front:
+            heapq.heappush(self._deadlines, (self.queues.deadline(cls, w.since), w.key, w))
+
+    def _released(self, now: float) -> None:
+        """A request left a backend: the first waiter looks again (the router's
+        ``Admission.release``)."""
+        w = self.queues.pop()
+        if w is not None and not self._go(w, now):
+            self.queues.put(w.routed.info.request_class, w, front=True)
+
+    def _expire(self, now: float) -> None:
+        """The wait of the earliest waiter runs out: it looks once more, then is refused."""
+        _, _, w = heapq.heappop(self._deadlines)
+        if w.done:
+            return
+        self.queues.discard(w.routed.info.request_class, w)
+        if not self._go(w, now):
+            self._wait(w, now, front=True)
+
+    def _refused(
+        self, item: Item, routed: Routed | None, e: Refused, now: float, backend: str = "none"
+    ) -> None:
         cls = routed.info.request_class if routed is not None else "default"
         error = {"message": str(e), "code": e.status}
         r = Result(item.record.custom_id, cls, e.status, False, None, None, self.label, error=error)
         if routed is not None:  # the router feeds back refusals too (see Exchange.finish)
-            self.policy.on_finish(routed.info, "none", Outcome(e.status, False))
+            self.policy.on_finish(routed.info, backend, Outcome(e.status, False))
         self._turn_over(item, None, now)
         self.on_result(item, r, now)
 
@@ -252,6 +328,7 @@ class Simulation:
         info = f.routed.info
         f.lease.ok()
         f.lease.release()
+        self._released(now)
         first = f.first if f.first is not None else now
         e2e = now - f.sent
         gaps = f.chunks - 1

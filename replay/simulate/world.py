@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from emulator.model import Engine
 from emulator.profiles import Profile, load_profile
 from policies.base import Policy
-from policies.types import Decision, EngineLoad
-from replay.simulate.requests import Refused
+from policies.types import EngineLoad
 from router.app import build_policies
 from router.backends.pool import BackendState, Pool
 from router.config.model import ConfigError, RouterConfig
@@ -99,22 +98,3 @@ class World:
         """The model imported traces ask for: the router's first listed one."""
         ids = self.pool.model_ids()
         return ids[0] if ids else "default"
-
-    def choose(self, policy: Policy, info_model: str, decide: Decision) -> tuple[Backend, str]:
-        """The first of the policy's ranked backends the router would send to, with the
-        model name it knows the request's model by (the handler's ``_plan``)."""
-        saturated = False
-        for name in decide.ranked:
-            b = self.by_name[name]
-            served = self.pool.upstream_model(b.state, info_model)
-            if served is None:
-                continue
-            cap = b.state.spec.max_inflight
-            if cap is not None and b.state.inflight >= cap:
-                saturated = True
-                continue
-            return b, served
-        if saturated:
-            raise Refused(429, "every backend the policy chose is at max_inflight")
-        why = f": {decide.empty_reason}" if decide.empty_reason else ""
-        raise Refused(503, f"policy '{policy.name}' found no backend{why}")

@@ -1,11 +1,17 @@
-"""Admission control: a bounded wait per class when every eligible backend is saturated.
+"""Admission control: a bounded wait per class when every backend of a plan is full.
 
-A request whose candidates are all at ``max_inflight`` waits in its class's queue instead of
-failing at once. Whenever a request leaves a backend the first waiter is woken and plans
-again: interactive waiters always before batch ones, so interactive work is served first and
-never starved by a batch backlog. A full queue, or a wait longer than the class's
-``max_wait``, answers 429 with ``Retry-After``. With no ``admission`` section the queues are
-empty-sized: saturation answers 429 at once (still with ``Retry-After``).
+A request whose planned backends are all at ``max_inflight`` waits in its class's queue
+instead of failing at once. Admission owns that wait: it is handed the request's attempts
+(router.control.plan, planned once) and gives back the first whose backend has room, taken
+out of the list. Whenever a request leaves a backend the first waiter is woken and looks
+again at its own attempts (interactive waiters always before batch ones, so interactive work
+is served first and never starved by a batch backlog); one that finds none with room goes
+back to the head of its queue. A full queue, or a wait longer than the class's ``max_wait``,
+answers 429 with ``Retry-After``. With no ``admission`` section the queues are empty-sized:
+saturation answers 429 at once (still with ``Retry-After``).
+
+The queues themselves (:class:`WaitQueues`) hold no clock and no event loop, so ``replay
+simulate`` runs the same queues, limits and refusals on its virtual clock.
 """
 
 from __future__ import annotations
@@ -14,21 +20,17 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from policies.types import REQUEST_CLASSES, RequestClass
 from router.config.model import AdmissionSettings
+from router.control.plan import OnBackend, first_free
 from router.server.errors import RouterError
 
-T = TypeVar("T")
-
-
-class Saturated(RouterError):
-    """Every eligible backend is at its in-flight limit (the request may wait and retry)."""
-
-    def __init__(self, message: str = "every eligible backend is at its in-flight limit") -> None:
-        super().__init__(429, message, code="rate_limit_exceeded")
+T = TypeVar("T", bound=OnBackend)
+W = TypeVar("W")
+FULL = "every backend planned for the request is at its in-flight limit"
+"""Why a request waits (and the start of its 429 when it may not)."""
 
 
 class QueueRejected(RouterError):
@@ -43,71 +45,110 @@ class QueueRejected(RouterError):
         )
 
 
-class Admission:
-    """Per-class FIFO queues of waiters; one per router app, used from the event loop only."""
+class WaitQueues(Generic[W]):
+    """Per-class FIFO queues of waiters ``W``, and when one may (go on) wait(ing); no clock,
+    no I/O: the router's :class:`Admission` and the simulator each bring their own."""
 
     def __init__(self, settings: AdmissionSettings) -> None:
         self.settings = settings
-        self._queues: dict[RequestClass, deque[asyncio.Future[None]]] = {
-            cls: deque() for cls in REQUEST_CLASSES
-        }
+        self._queues: dict[RequestClass, deque[W]] = {cls: deque() for cls in REQUEST_CLASSES}
 
     def waiting(self, cls: RequestClass) -> int:
         """Requests of ``cls`` waiting now."""
         return len(self._queues[cls])
 
-    async def admit(self, cls: RequestClass, plan: Callable[[], T]) -> T:
-        """``plan()``'s result; while it raises :class:`Saturated`, wait in ``cls``'s queue.
+    def deadline(self, cls: RequestClass, since: float) -> float:
+        """When a request of ``cls`` that began to wait at ``since`` stops waiting."""
+        return since + self.settings.for_class(cls).max_wait
+
+    def refusal(
+        self, cls: RequestClass, since: float, now: float, *, front: bool = False
+    ) -> QueueRejected | None:
+        """Why a request of ``cls`` that found no room, waiting since ``since``, may not
+        wait (on) at ``now``; None: it may. ``front``: it has waited before and goes back to
+        the head of its queue, so a full queue does not refuse it."""
+        limits = self.settings.for_class(cls)
+        if not front and len(self._queues[cls]) >= limits.queue_size:
+            return QueueRejected(f"{FULL}, and the {cls} queue is full", self.settings.retry_after)
+        if now >= since + limits.max_wait:
+            return QueueRejected(
+                f"{FULL} for over {limits.max_wait:g} s", self.settings.retry_after
+            )
+        return None
+
+    def put(self, cls: RequestClass, waiter: W, *, front: bool = False) -> None:
+        """Queue ``waiter``: last, or at the head (a waiter woken for nothing keeps its turn)."""
+        queue = self._queues[cls]
+        queue.appendleft(waiter) if front else queue.append(waiter)
+
+    def discard(self, cls: RequestClass, waiter: W) -> None:
+        """``waiter`` leaves its queue (if it is still in it)."""
+        queue = self._queues[cls]
+        if waiter in queue:
+            queue.remove(waiter)
+
+    def pop(self) -> W | None:
+        """The first waiter, interactive first, out of its queue; None when none waits."""
+        for cls in REQUEST_CLASSES:
+            queue = self._queues[cls]
+            if queue:
+                return queue.popleft()
+        return None
+
+
+class Admission:
+    """The router's admission: :class:`WaitQueues` of futures on its event loop, one per
+    router app, used from the event loop only."""
+
+    def __init__(self, settings: AdmissionSettings) -> None:
+        self.settings = settings
+        self.queues: WaitQueues[asyncio.Future[None]] = WaitQueues(settings)
+
+    def waiting(self, cls: RequestClass) -> int:
+        """Requests of ``cls`` waiting now."""
+        return self.queues.waiting(cls)
+
+    async def take(self, cls: RequestClass, options: list[T]) -> T:
+        """The first of ``options`` whose backend has room, taken out of the list; while none
+        has, wait in ``cls``'s queue (see the module).
 
         Raises :class:`QueueRejected` when the queue is full or the wait runs out.
         """
-        limits = self.settings.for_class(cls)
-        deadline: float | None = None
+        queues = self.queues
+        since: float | None = None
         front = False
         while True:
+            i = first_free(options)
+            if i is not None:
+                return options.pop(i)
+            now = time.monotonic()
+            since = now if since is None else since
+            refusal = queues.refusal(cls, since, now, front=front)
+            if refusal is not None:
+                raise refusal
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            queues.put(cls, waiter, front=front)
             try:
-                return plan()
-            except Saturated as exc:
-                queue = self._queues[cls]
-                if not front and len(queue) >= limits.queue_size:
-                    raise QueueRejected(
-                        f"{exc.message}, and the {cls} queue is full", self.settings.retry_after
-                    ) from None
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + limits.max_wait
-                if now >= deadline:
-                    raise QueueRejected(
-                        f"{exc.message} for over {limits.max_wait:g} s", self.settings.retry_after
-                    ) from None
-                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                # A waiter woken for nothing goes back to the head: it keeps its turn.
-                queue.appendleft(waiter) if front else queue.append(waiter)
-                try:
-                    async with asyncio.timeout_at(_loop_time(deadline)):
-                        await waiter
-                except TimeoutError:
-                    pass
-                except asyncio.CancelledError:
-                    if waiter.done() and not waiter.cancelled():
-                        self.release()  # woken, then the client left: pass the turn on
-                    raise
-                finally:
-                    if not waiter.done():
-                        waiter.cancel()
-                    if waiter in queue:
-                        queue.remove(waiter)
-                front = True
+                async with asyncio.timeout_at(_loop_time(queues.deadline(cls, since))):
+                    await waiter
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self.release()  # woken, then the client left: pass the turn on
+                raise
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+                queues.discard(cls, waiter)
+            front = True
 
     def release(self) -> None:
         """A backend slot may have freed up: wake the first waiter, interactive first."""
-        for cls in REQUEST_CLASSES:
-            queue = self._queues[cls]
-            while queue:
-                waiter = queue.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    return
+        while (waiter := self.queues.pop()) is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
 
 def _loop_time(deadline: float) -> float:

@@ -19,7 +19,7 @@ import orjson
 
 from policies.base import Policy
 from policies.types import Outcome, RequestInfo
-from router.control.admission import QueueRejected, Saturated
+from router.control.admission import QueueRejected
 from router.control.auth import STORE_DOWN_CODE
 from router.observe.metrics import FAILURES
 from router.observe.tracing import NO_TRACE, Ending, RequestTrace
@@ -60,7 +60,7 @@ def rejection_reason(exc: RouterError) -> str:
         return exc.reason
     if exc.code == DRAIN_CODE:
         return "shutting_down"
-    if isinstance(exc, (Saturated, QueueRejected)):
+    if isinstance(exc, QueueRejected):
         return "overloaded"
     if exc.code == STORE_DOWN_CODE:  # limits that could not be checked (on_error: deny)
         return "quota"

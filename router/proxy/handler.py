@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from functools import partial
 
 from policies.base import Policy
-from policies.types import Endpoint
-from router.control.admission import Saturated
+from policies.types import Endpoint, RequestInfo
 from router.control.auth import Lease, Tenant
 from router.control.classify import Parsed, classify
+from router.control.plan import Plan, Refusal, plan
 from router.proxy.body import OFFLOAD_BYTES, asks_usage, upstream_body
 from router.proxy.drain import Ticket, shutting_down
 from router.proxy.exchange import Exchange
@@ -102,9 +102,11 @@ async def handle(
         lease = await snap.gate.admit(tenant, info, context)
         add_usage = _router_asks_usage(parsed)
         t = time.monotonic()
-        targets = await state.admission.admit(
-            info.request_class, lambda: _plan(state, policy, parsed, ex.body, endpoint, add_usage)
-        )
+        planned = _planned(state, policy, info, config.failover.max_attempts)
+        targets = _targets(planned, parsed, ex.body, endpoint, add_usage)
+        first = await state.admission.take(info.request_class, targets)
+        policy.committed(info, planned.decision, first.backend.name)
+        targets.insert(0, first)
         if trace.recording:
             ranked = [target.backend.name for target in targets]
             trace.picked(policy.name, ranked, t, time.monotonic())
@@ -224,55 +226,36 @@ def _router_asks_usage(parsed: Parsed) -> bool:
     return info.stream and not parsed.include_usage and asks_usage(info.endpoint)
 
 
-def _plan(
-    state: RouterState,
-    policy: Policy,
-    parsed: Parsed,
-    raw: bytes,
-    endpoint: Endpoint,
-    add_usage: bool,
-) -> list[Target]:
-    """The policy's ranked backends as concrete attempts (saturated backends skipped);
-    ``add_usage``: each body asks for the stream's usage (:func:`_router_asks_usage`)."""
-    info, pool = parsed.info, state.pool
-    candidates = pool.candidates(info.model)
-    if not candidates:  # only now the question of which: a second pass over the backends
-        if not pool.known_model(info.model):
-            message = f"model '{info.model}' does not exist"
-            raise RouterError(404, message, "model", "model_not_found")
-        raise RouterError(503, "no healthy backend serves this model", code="no_backend")
+def _planned(state: RouterState, policy: Policy, info: RequestInfo, max_attempts: int) -> Plan:
+    """:func:`router.control.plan.plan`, timed for the policy's decision metric; a refusal is
+    raised as the client's error."""
     t0 = time.perf_counter()
-    try:
-        decision = policy.choose(info, candidates)
-    except Exception:  # an out-of-tree policy's bug must not take the request down silently
-        log.exception("policy %s failed to choose", policy.name)
-        raise RouterError(500, f"policy '{policy.name}' failed", code="policy_error") from None
+    planned = plan(state.pool, policy, info, max_attempts)
     state.metrics.decision(policy.name, time.perf_counter() - t0)
-    targets: list[Target] = []
-    saturated = False
-    # No more attempts than failover makes: a body is made per target, and a policy may rank
-    # the whole fleet.
-    attempts = state.config.failover.max_attempts
-    for name in decision.ranked:
-        if len(targets) == attempts:
-            break
-        backend = pool.by_name[name]
-        model = pool.upstream_model(backend, info.model)
-        if model is None:
-            continue
-        if backend.spec.max_inflight is not None and backend.inflight >= backend.spec.max_inflight:
-            saturated = True
-            continue
-        # Only engines that schedule by priority get the field (others may reject it).
-        priority = decision.priority if backend.spec.priority_capable else None
-        body = upstream_body(raw, parsed.doc, model=model, priority=priority, add_usage=add_usage)
-        targets.append(Target(backend, backend.spec.url + PATHS[endpoint], body))
-    if not targets:
-        if saturated:
-            raise Saturated()
-        why = f": {decision.empty_reason}" if decision.empty_reason else ""
-        raise RouterError(503, f"policy '{policy.name}' found no backend{why}", code="no_backend")
-    return targets
+    if isinstance(planned, Refusal):
+        raise planned.error()
+    return planned
+
+
+def _targets(
+    planned: Plan, parsed: Parsed, raw: bytes, endpoint: Endpoint, add_usage: bool
+) -> list[Target]:
+    """The plan's attempts with the bodies they send; ``add_usage``: each body asks for the
+    stream's usage (:func:`_router_asks_usage`)."""
+    return [
+        Target(
+            a.backend,
+            a.backend.spec.url + PATHS[endpoint],
+            upstream_body(
+                raw,
+                parsed.doc,
+                model=a.model,
+                priority=planned.priority(a.backend),
+                add_usage=add_usage,
+            ),
+        )
+        for a in planned.attempts
+    ]
 
 
 def _failed_over(state: RouterState, policy: str, failure: Failure) -> None:

@@ -106,11 +106,14 @@ class Shadows:
         if not candidates:
             return None
         try:
-            ranked = shadow_policy.choose(info, candidates).ranked
+            decision = shadow_policy.choose(info, candidates)
+            backend = self._pool.by_name.get(decision.ranked[0]) if decision.ranked else None
+            if backend is not None:
+                shadow_policy.committed(info, decision, backend.name)
         except Exception:  # a shadow policy's bug must never touch served traffic
             log.exception("shadow policy %s failed to choose", s.policy)
             return None
-        return self._pool.by_name.get(ranked[0]) if ranked else None
+        return backend
 
     async def _send(
         self,

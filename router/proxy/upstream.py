@@ -28,14 +28,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import orjson
 
 from policies.types import RequestInfo
 from router.backends.pool import BackendLease, BackendState
-from router.config.model import ClassTimeouts, FailoverSettings
-from router.control.admission import Admission, Saturated
+from router.config.model import AdmissionSettings, ClassTimeouts, FailoverSettings
+from router.control.admission import Admission
 from router.observe.tracing import NO_TRACE, RequestTrace
 from router.proxy.connection import (
     Connection,
@@ -207,7 +206,7 @@ async def open_upstream(
     Failover passes over backends at their ``max_inflight``; when every one left is, the
     request waits in ``admission``'s queue for its class as it would have before its first
     attempt (:class:`router.control.admission.QueueRejected` when that runs out; without
-    ``admission``, :class:`Saturated` at once). ``trace`` gets a span per attempt, whose
+    ``admission``, at once). ``trace`` gets a span per attempt, whose
     context each attempt sends upstream.
     """
     suspects: list[BackendLease] = []
@@ -257,12 +256,13 @@ async def _failover(
     (from ``backoff_initial``, at most ``backoff_max``).
     """
     failovers = 0
+    queue = admission if admission is not None else Admission(AdmissionSettings())
     while rest and failovers + 1 < failover.max_attempts:
         if failovers:
             backoff = failover.backoff_initial * 2 ** (failovers - 1)
             await asyncio.sleep(min(backoff, failover.backoff_max))
-        take = partial(_with_room, rest)
-        target = take() if admission is None else await admission.admit(req.request_class, take)
+        # the attempt's lease is taken before the event loop runs anything else
+        target = await queue.take(req.request_class, rest)
         on_failover(failure)
         failovers += 1
         try:
@@ -274,17 +274,6 @@ async def _failover(
             if admission is not None:
                 admission.release()  # its backend's slot is free again: a waiter may go
     raise UpstreamFailed(failure, failovers)
-
-
-def _with_room(rest: list[Target]) -> Target:
-    """The first of ``rest`` whose backend is below its ``max_inflight``, taken out of it
-    (the attempt's lease is taken before the event loop runs anything else)."""
-    for i, target in enumerate(rest):
-        backend = target.backend
-        cap = backend.spec.max_inflight
-        if cap is None or backend.inflight < cap:
-            return rest.pop(i)
-    raise Saturated("every backend left to fail over to is at its in-flight limit")
 
 
 async def _attempt(

@@ -8,7 +8,7 @@ import pytest
 
 from policies.adaptive import AdaptivePolicy, SpillGovernor, SpillSettings
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
-from policies.testing import make_candidate, make_request
+from policies.testing import make_candidate, make_request, send
 from policies.types import Candidate, Outcome, RequestInfo
 
 # Priors: vllm prefills 40k tokens/s, deepinfer 20k. Interactive TTFT SLO 0.5 s, so with
@@ -109,7 +109,7 @@ def test_batch_spill(
     capable: bool, vllm: int, deepinfer: int, prompt: int, head: str, priority: int | None
 ) -> None:
     policy = measured(build(capable=capable))
-    decision = policy.choose(batch(prompt=prompt), snap(vllm, deepinfer, capable=capable))
+    decision = send(policy, batch(prompt=prompt), snap(vllm, deepinfer, capable=capable))
     assert decision.ranked[0] == head
     assert set(decision.ranked) == {"vllm", "deepinfer"}
     assert decision.priority == priority
@@ -118,11 +118,11 @@ def test_batch_spill(
 def test_spill_only_on_measured_finish_times() -> None:
     policy = build({**PARAMS, "tpot_prior_s": {"vllm": 0.001, "deepinfer": 0.05}})
     # the priors say vllm finishes a batch request 50x sooner, but nothing is measured yet
-    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    assert send(policy, batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # deepinfer's pace is measured (11 ms per output token end to end: 8.4 s for 768), vllm
     # has no TPOT from a stream yet: still no probe on the prior alone
     measured(policy, vllm_pace=None)
-    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    assert send(policy, batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # interactive streams on vllm show 40 ms per token: 0.2 + 768 x 40 ms = 31 s there
     for i in range(30):
         req = interactive(f"i{i}")
@@ -130,7 +130,7 @@ def test_spill_only_on_measured_finish_times() -> None:
             req, "vllm", Outcome(200, True, prompt_tokens=1000, ttft_s=0.025, tpot_s=0.04)
         )
     assert policy.tpot.tpot("vllm") == pytest.approx(0.04, rel=0.05)
-    assert policy.choose(batch("b2"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    assert send(policy, batch("b2"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # now 5 ms: 0.2 + 3.8 s beats 8.4 s, so probes go: initial_inflight (2) of them at
     # most until one finishes
     for i in range(60):
@@ -138,20 +138,20 @@ def test_spill_only_on_measured_finish_times() -> None:
         policy.on_finish(
             req, "vllm", Outcome(200, True, prompt_tokens=1000, ttft_s=0.025, tpot_s=0.005)
         )
-    assert policy.choose(batch("b3"), snap(0, 100_000)).ranked[0] == "vllm"
+    assert send(policy, batch("b3"), snap(0, 100_000)).ranked[0] == "vllm"
     cands = snap(8000, 100_000, vllm_inflight=1)
-    assert policy.choose(batch("b4"), cands).ranked[0] == "vllm"
+    assert send(policy, batch("b4"), cands).ranked[0] == "vllm"
     cands = snap(16_000, 100_000, vllm_inflight=2)
-    assert policy.choose(batch("b4b"), cands).ranked[0] == "deepinfer"
+    assert send(policy, batch("b4b"), cands).ranked[0] == "deepinfer"
     # the probe took 20 ms per token there (slower than deepinfer): no more spills, whatever
     # the streams' TPOT says
     policy.on_finish(batch("b3"), "vllm", Outcome(200, True, 8000, 768, e2e_s=0.02 * 768))
-    assert policy.choose(batch("b5"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    assert send(policy, batch("b5"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # a measured 8 ms per token there beats deepinfer's 11: spill again, up to the limit
     for _ in range(30):
         policy.on_finish(batch("b6"), "vllm", Outcome(200, True, 8000, 768, e2e_s=0.008 * 768))
-    assert policy.choose(batch("b7"), snap(0, 100_000)).ranked[0] == "vllm"
-    assert policy.choose(batch("b8"), snap(8000, 100_000, vllm_inflight=1)).ranked[0] == "vllm"
+    assert send(policy, batch("b7"), snap(0, 100_000)).ranked[0] == "vllm"
+    assert send(policy, batch("b8"), snap(8000, 100_000, vllm_inflight=1)).ranked[0] == "vllm"
 
 
 def test_the_home_pools_measured_queue_earns_a_spill_its_credit() -> None:
@@ -167,11 +167,11 @@ def test_the_home_pools_measured_queue_earns_a_spill_its_credit() -> None:
         return make_candidate("deepinfer", prompt_tokens=60_000, inflight=10, waiting=waiting)
 
     # 1 of 10 waiting: credit 1.11, vllm is 1.10x slower: spill; 0.5 of 10: 1.05, no spill
-    assert policy.choose(batch("b0"), [vllm, home(0.5)]).ranked[0] == "deepinfer"
-    assert policy.choose(batch("b0"), [vllm, home(1)]).ranked[0] == "vllm"
+    assert send(policy, batch("b0"), [vllm, home(0.5)]).ranked[0] == "deepinfer"
+    assert send(policy, batch("b0"), [vllm, home(1)]).ranked[0] == "vllm"
     # a whole queue's credit is capped: a vllm 1.25x slower is not worth it
     slow = measured(build(params), deepinfer_pace=0.010, vllm_pace=0.0125)
-    assert slow.choose(batch("b1"), [vllm, home(9)]).ranked[0] == "deepinfer"
+    assert send(slow, batch("b1"), [vllm, home(9)]).ranked[0] == "deepinfer"
     assert (
         measured(build(params), deepinfer_pace=0.010, vllm_pace=0.0115)
         .choose(batch("b2"), [vllm, home(9)])
@@ -181,7 +181,7 @@ def test_the_home_pools_measured_queue_earns_a_spill_its_credit() -> None:
     # with less than a tenth of deepinfer's time spent queued, the 10% is not made up
     policy = measured(build(params), deepinfer_pace=0.010, vllm_pace=0.011)
     twenty = make_candidate("deepinfer", prompt_tokens=60_000, inflight=20, waiting=1)
-    assert policy.choose(batch("b3"), [vllm, twenty]).ranked[0] == "deepinfer"
+    assert send(policy, batch("b3"), [vllm, twenty]).ranked[0] == "deepinfer"
 
 
 def test_no_spill_while_the_home_pool_has_no_queue() -> None:
@@ -193,19 +193,19 @@ def test_no_spill_while_the_home_pool_has_no_queue() -> None:
     idle = make_candidate("deepinfer", prompt_tokens=50_000, inflight=6, waiting=0)
     busy = make_candidate("deepinfer", prompt_tokens=50_000, inflight=6, waiting=2)
     vllm = make_candidate("vllm", prompt_tokens=0, inflight=0, priority_capable=True)
-    assert policy.choose(batch("b0"), [vllm, idle]).ranked[0] == "deepinfer"
-    assert policy.choose(batch("b1"), [vllm, busy]).ranked[0] == "vllm"
+    assert send(policy, batch("b0"), [vllm, idle]).ranked[0] == "deepinfer"
+    assert send(policy, batch("b1"), [vllm, busy]).ranked[0] == "vllm"
 
 
 def test_the_home_pools_measured_pace_decides() -> None:
     policy = measured(build())
-    assert policy.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"  # 10 ms vs 11
+    assert send(policy, batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"  # 10 ms vs 11
     # deepinfer actually turns batch requests round at 5 ms per output token: 768 x 5 ms = 3.8 s
     for i in range(30):
         done = batch(f"d{i}")
         policy.on_finish(done, "deepinfer", Outcome(200, True, 8000, 800, ttft_s=4.0, e2e_s=4.0))
     assert policy.pace.pace("deepinfer") == pytest.approx(0.005, rel=0.06)
-    assert policy.choose(batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    assert send(policy, batch("b1"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # failed requests, interactive ones and empty outputs say nothing about the batch pace
     before = policy.pace.pace("deepinfer")
     policy.on_finish(batch("x"), "deepinfer", Outcome(502, False, e2e_s=99.0))
@@ -227,7 +227,7 @@ def test_spill_slots_are_bounded_and_released_on_finish() -> None:
         # the router's view: every open spilled request is in flight on vllm
         n = policy.spilled("vllm")
         cands = snap(8000 * n, 50_000, vllm_inflight=n)
-        return policy.choose(batch(rid), cands).ranked[0]
+        return send(policy, batch(rid), cands).ranked[0]
 
     assert [head(f"b{i}") for i in range(3)] == ["vllm", "vllm", "deepinfer"]  # max_inflight 2
     assert policy.spilled("vllm") == 2
@@ -246,13 +246,13 @@ def test_spill_slots_are_bounded_and_released_on_finish() -> None:
 def test_spill_records_never_outlive_the_routers_inflight_count() -> None:
     policy = measured(build())
     for i in range(2):
-        policy.choose(batch(f"b{i}"), snap(8000 * i, 50_000, vllm_inflight=i))
+        send(policy, batch(f"b{i}"), snap(8000 * i, 50_000, vllm_inflight=i))
     assert policy.spilled("vllm") == 2
     # neither request ever reached vllm (say every target was refused) and on_finish never
     # came: the router shows one request open there, then none
-    policy.choose(interactive("x"), snap(1000, 0, vllm_inflight=1))
+    send(policy, interactive("x"), snap(1000, 0, vllm_inflight=1))
     assert policy.spilled("vllm") == 1
-    policy.choose(batch("b2"), snap(0, 50_000, vllm_inflight=0))
+    send(policy, batch("b2"), snap(0, 50_000, vllm_inflight=0))
     assert policy.spilled("vllm") == 1  # the stale ones dropped, b2 spilled anew
 
 
@@ -262,13 +262,13 @@ def test_interactive_jumps_spilled_batch_only_on_priority_capable_replicas() -> 
         policy = measured(build(params, capable=capable))
         for i in range(2):
             cands = snap(8000 * i, 50_000, capable=capable, vllm_inflight=i)
-            assert policy.choose(batch(f"b{i}"), cands).ranked[0] == "vllm"
+            assert send(policy, batch(f"b{i}"), cands).ranked[0] == "vllm"
         # vllm now holds the two spilled prompts (16k); deepinfer drained meanwhile. A 5k
         # interactive prompt: capable, it waits for one 2048-token budget, (2048 + 5k) / 40k
         # = 0.18 s; otherwise for both prompts, (16k + 5k) / 40k = 0.525 s, over the 0.5 s SLO
         # while deepinfer predicts 5k / 20k = 0.25 s
         cands = snap(16_000, 0, capable=capable, vllm_inflight=2)
-        decision = policy.choose(interactive(prompt=5000), cands)
+        decision = send(policy, interactive(prompt=5000), cands)
         assert decision.ranked[0] == head
 
 
@@ -310,7 +310,7 @@ def test_interactive_misses_on_the_low_pool_stop_the_spill() -> None:
     for i in range(8):
         policy.on_finish(interactive(f"i{i}"), "vllm", late)
     assert policy.governor.allowed == 0
-    assert policy.choose(batch(), snap(0, 50_000)).ranked[0] == "deepinfer"
+    assert send(policy, batch(), snap(0, 50_000)).ranked[0] == "deepinfer"
     # misses on the other pool say nothing about the spill
     other = build()
     for i in range(8):
@@ -338,16 +338,16 @@ def test_slo_met(outcome: Outcome, met: bool) -> None:
 
 def test_learning_moves_interactive_off_a_slow_engine() -> None:
     policy = build()
-    assert policy.choose(interactive("x"), snap(10_000, 0)).ranked[0] == "vllm"
+    assert send(policy, interactive("x"), snap(10_000, 0)).ranked[0] == "vllm"
     # vllm turns out to prefill 5k tokens/s, not 40k, one queue: 10k queued + 1k is 2.2 s
     for i in range(40):
         prompt, queued = 1000 + 50 * i, 2000 + 100 * (i % 7)
         req = interactive(f"s{i}", prompt=prompt)
-        policy.choose(req, snap(queued, 0))
+        send(policy, req, snap(queued, 0))
         ttft = (prompt + queued) / 5000
         policy.on_finish(req, "vllm", Outcome(200, True, prompt_tokens=prompt, ttft_s=ttft))
     assert policy.predictor.rate("vllm") == pytest.approx(5000, rel=0.05)
-    assert policy.choose(interactive("y"), snap(10_000, 0)).ranked[0] == "deepinfer"
+    assert send(policy, interactive("y"), snap(10_000, 0)).ranked[0] == "deepinfer"
 
 
 def test_pools_of_replicas_use_session_affinity_within_the_load_bound() -> None:
@@ -360,19 +360,19 @@ def test_pools_of_replicas_use_session_affinity_within_the_load_bound() -> None:
         ] + [make_candidate("deepinfer")]
 
     req = interactive(session_key="user-7")
-    first = policy.choose(req, cands((0, 0, 0))).ranked
+    first = send(policy, req, cands((0, 0, 0))).ranked
     assert first[-1] == "deepinfer"
     home = first[0]
-    assert policy.choose(req, cands((1, 1, 1))).ranked[0] == home
+    assert send(policy, req, cands((1, 1, 1))).ranked[0] == home
     loads = tuple(6 if n == home else 0 for n in ("vllm", "vllm-1", "vllm-2"))
-    assert policy.choose(req, cands(loads)).ranked[0] != home  # type: ignore[arg-type]
+    assert send(policy, req, cands(loads)).ranked[0] != home  # type: ignore[arg-type]
     # without a key: least predicted TTFT (queued prompt tokens) first
     keyless = [
         make_candidate("vllm", prompt_tokens=9000, inflight=3),
         make_candidate("vllm-1", "vllm", prompt_tokens=1000, inflight=1),
         make_candidate("vllm-2", "vllm", prompt_tokens=5000, inflight=2),
     ]
-    assert policy.choose(interactive(), keyless).ranked == ("vllm-1", "vllm-2", "vllm")
+    assert send(policy, interactive(), keyless).ranked == ("vllm-1", "vllm-2", "vllm")
 
 
 def test_unhealthy_and_unpooled_backends() -> None:
@@ -382,15 +382,15 @@ def test_unhealthy_and_unpooled_backends() -> None:
         make_candidate("vllm", healthy=False, priority_capable=True),
         make_candidate("deepinfer"),
     ]
-    assert policy.choose(interactive(), cands).ranked == ("deepinfer", "sglang")
+    assert send(policy, interactive(), cands).ranked == ("deepinfer", "sglang")
     # only the low-TTFT pool is left for batch: it goes there, marked low priority
     only_vllm = [
         make_candidate("vllm", priority_capable=True),
         make_candidate("deepinfer", healthy=False),
     ]
-    decision = policy.choose(batch(), only_vllm)
+    decision = send(policy, batch(), only_vllm)
     assert (decision.ranked, decision.priority) == (("vllm",), 10)
-    assert policy.choose(batch("b2"), [make_candidate("vllm", healthy=False)]).ranked == ()
+    assert send(policy, batch("b2"), [make_candidate("vllm", healthy=False)]).ranked == ()
 
 
 @pytest.mark.parametrize(
@@ -447,11 +447,11 @@ def test_prefill_prior_as_one_number() -> None:
 def test_pace_margin_credits_the_home_pools_shorter_queue() -> None:
     # vllm measured at 12 ms per output token end to end, deepinfer at 11: vllm is slower
     strict = measured(build(), deepinfer_pace=0.011, vllm_pace=0.012)
-    assert strict.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    assert send(strict, batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"
     # within 1.2x of deepinfer's pace, the spill still pays: deepinfer's queue shortens
     params = {**PARAMS, "spill": {**PARAMS["spill"], "pace_margin": 1.2}}  # type: ignore[dict-item]
     lenient = measured(build(params), deepinfer_pace=0.011, vllm_pace=0.012)
-    assert lenient.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"
+    assert send(lenient, batch("b0"), snap(0, 100_000)).ranked[0] == "vllm"
     # but not beyond it
     far = measured(build(params), deepinfer_pace=0.011, vllm_pace=0.014)
-    assert far.choose(batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"
+    assert send(far, batch("b0"), snap(0, 100_000)).ranked[0] == "deepinfer"

@@ -19,7 +19,7 @@ from policies.registry import BackendInfo, build_policy
 from policies.scorers import LoadScorer, PredictedTtftScorer
 from policies.signals import inflight
 from policies.testing import make_candidate as cand
-from policies.testing import make_request
+from policies.testing import make_request, send
 from policies.types import Candidate, RequestInfo
 
 BACKENDS = (BackendInfo("a", "vllm"), BackendInfo("b", "vllm"), BackendInfo("c", "deepinfer"))
@@ -63,7 +63,7 @@ def test_out_of_range_and_nan_scores_are_clamped() -> None:
     rogue = Fixed({"a": 1.7, "b": -3.0, "c": math.nan})
     honest = Fixed({"a": 0.0, "b": 0.9, "c": 0.95})
     policy = PipelinePolicy("p", "pipeline", scorers=((rogue, 1.0), (honest, 2.0)))
-    decision = policy.choose(make_request(), [cand("a"), cand("b"), cand("c")])
+    decision = send(policy, make_request(), [cand("a"), cand("b"), cand("c")])
     # Unclamped, "a" would win on 1.7 and "c" would be NaN.
     assert decision.scores == {"a": 1.0, "b": 1.8, "c": 1.9}
     assert decision.ranked == ("c", "b", "a")
@@ -75,7 +75,7 @@ def test_out_of_range_and_nan_scores_are_clamped() -> None:
 )
 def test_each_value_lands_in_the_unit_interval(value: float, clamped: float) -> None:
     policy = PipelinePolicy("p", "pipeline", scorers=((Fixed({"a": value}), 3.0),))
-    assert policy.choose(make_request(), [cand("a")]).scores == {"a": 3.0 * clamped}
+    assert send(policy, make_request(), [cand("a")]).scores == {"a": 3.0 * clamped}
 
 
 def test_a_filter_that_empties_the_set_is_named_and_counted() -> None:
@@ -85,14 +85,14 @@ def test_a_filter_that_empties_the_set_is_named_and_counted() -> None:
         "scorers": ["least-requests"],
     }
     policy = build_policy("p", "pipeline", params, BACKENDS, observer=recorder)
-    decision = policy.choose(make_request(), [cand("a"), cand("b"), cand("c", healthy=False)])
+    decision = send(policy, make_request(), [cand("a"), cand("b"), cand("c", healthy=False)])
     assert decision.ranked == ()
     assert decision.empty_reason == "filter 'members' (filters[1]) removed every candidate"
     assert recorder.emptied == [("p", "members")]
     # Both filters ran and were timed; nothing after the emptying filter ran.
     assert recorder.ran() == [("filter", "not-saturated"), ("filter", "members")]
     # A request that keeps a candidate neither counts nor gives a reason.
-    kept = policy.choose(make_request(), [cand("a"), cand("c")])
+    kept = send(policy, make_request(), [cand("a"), cand("c")])
     assert kept.ranked == ("c",)
     assert kept.empty_reason is None
     assert recorder.emptied == [("p", "members")]
@@ -102,7 +102,7 @@ def test_class_split_names_its_class_members_filter() -> None:
     recorder = Recorder()
     params = {"interactive": ["vllm"], "batch": ["deepinfer"]}
     policy = build_policy("p", "class-split", params, BACKENDS, observer=recorder)
-    decision = policy.choose(make_request("interactive"), [cand("c", "deepinfer")])
+    decision = send(policy, make_request("interactive"), [cand("c", "deepinfer")])
     assert decision.ranked == ()
     assert decision.empty_reason == "filter 'class-members' (filters[0]) removed every candidate"
     assert recorder.emptied == [("p", "class-members")]
@@ -113,7 +113,7 @@ def test_no_healthy_candidate_blames_no_filter() -> None:
     policy = PipelinePolicy(
         "p", "pipeline", filters=(MembersFilter(frozenset({"a"})),), observer=recorder
     )
-    decision = policy.choose(make_request(), [cand("a", healthy=False)])
+    decision = send(policy, make_request(), [cand("a", healthy=False)])
     assert decision.ranked == ()
     assert decision.empty_reason == NO_HEALTHY
     assert recorder.emptied == []
@@ -149,7 +149,7 @@ def test_every_plugin_is_timed_once_per_request_under_its_configured_type(
     # Series are bound once, at build time, not per request.
     assert [(kind, plugin) for _, kind, plugin in recorder.bound] == expected
     for _ in range(3):
-        policy.choose(make_request(), [cand("a"), cand("b")])
+        send(policy, make_request(), [cand("a"), cand("b")])
     assert recorder.ran() == expected * 3
     assert {policy for policy, *_ in recorder.runs} == {"p"}
     assert all(0.0 <= seconds < 1.0 for *_, seconds in recorder.runs)

@@ -156,6 +156,11 @@ def test_max_score_picker(scored: list[tuple[str, float]], expected: list[str]) 
 def test_round_robin_picker_rotates_and_keeps_failover_order() -> None:
     picker = RoundRobinPicker()
     pairs = [(cand(n), 0.0) for n in (A, B, C)]
-    got = [picker.pick(make_request(), pairs) for _ in range(4)]
+    req = make_request()
+    assert picker.pick(req, pairs) == picker.pick(req, pairs)  # picking again changes nothing
+    got = []
+    for _ in range(4):
+        got.append(picker.pick(req, pairs))
+        picker.committed(req, [c for c, _ in pairs], got[-1][0])
     assert got == [[A, B, C], [B, C, A], [C, A, B], [A, B, C]]
     assert picker.pick(make_request(), []) == []

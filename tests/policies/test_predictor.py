@@ -36,6 +36,7 @@ def simulate(
         cand = make_candidate("e", prompt_tokens=round(ahead))
         req = make_request(request_id=f"r{i}", prompt_tokens=prompt)
         score = scorer.score(req, [cand])["e"]
+        scorer.committed(req, [cand], "e")
         predicted = scorer.target_s / score - scorer.target_s
         busy_until = max(busy_until, now) + prompt / rate
         pending.append((busy_until, req.request_id, prompt, now))

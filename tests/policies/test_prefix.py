@@ -14,7 +14,7 @@ from policies.prefix import (
     prompt_blocks,
 )
 from policies.registry import PolicyConfigError, build_policy
-from policies.testing import make_candidate, make_request
+from policies.testing import make_candidate, make_request, send
 from policies.types import BackendInfo, Candidate, EngineLoad, Outcome, RequestInfo
 
 NAMES = ("a", "b", "c")
@@ -93,24 +93,25 @@ def test_the_record_is_sized_after_each_engine_s_kv_cache() -> None:
 def test_sticks_to_the_warm_backend_until_it_is_saturated_then_spreads() -> None:
     policy = cache_aware(max_imbalance=3)
     # Cold: the least loaded backend, which the policy then remembers at once.
-    first = policy.choose(request(SHARED + "q1"), cands(2, 0, 1)).ranked
+    first = send(policy, request(SHARED + "q1"), cands(2, 0, 1)).ranked
     assert first == ("b", "c", "a")
-    assert policy.choose(request(SHARED + "q2"), cands(0, 2, 0)).ranked[0] == "b"
+    assert send(policy, request(SHARED + "q2"), cands(0, 2, 0)).ranked[0] == "b"
     # Busier than the least busy by max_imbalance: spread to the least loaded.
-    spread = policy.choose(request(SHARED + "q3"), cands(1, 4, 2))
+    spread = send(policy, request(SHARED + "q3"), cands(1, 4, 2))
     assert spread.ranked == ("a", "c", "b")
     assert (spread.scores["b"], spread.scores["a"]) == (1.0, 0.0)
     # Both now hold the prefix; the less loaded of them wins, the cold one is last.
-    assert policy.choose(request(SHARED + "q4"), cands(2, 1, 0)).ranked == ("b", "a", "c")
+    assert send(policy, request(SHARED + "q4"), cands(2, 1, 0)).ranked == ("b", "a", "c")
     assert (
-        policy.choose(
+        send(
+            policy,
             request(SHARED + "q5"),
             cands(0, 0, 0),
         ).ranked[0]
         == "a"
     )
     # A backend at its max_inflight is closed to stickiness.
-    assert policy.choose(request(SHARED + "q6"), cands(1, 1, 0, saturated="a")).ranked[0] == "b"
+    assert send(policy, request(SHARED + "q6"), cands(1, 1, 0, saturated="a")).ranked[0] == "b"
 
 
 def test_spreads_when_the_warm_queue_costs_more_than_a_miss_not_by_request_counts() -> None:
@@ -128,12 +129,12 @@ def test_spreads_when_the_warm_queue_costs_more_than_a_miss_not_by_request_count
 
     # Six more requests in flight than the others, but little prefill waiting: stays warm
     # (1,200 queued + 4 x 143 missed tokens, against 4 x 1,000 on a cold backend).
-    assert policy.choose(ask, loads((6, 1200), (0, 0), (0, 0))).ranked[0] == "a"
+    assert send(policy, ask, loads((6, 1200), (0, 0), (0, 0))).ranked[0] == "a"
     # As many in flight everywhere, but 5,000 tokens waiting on the warm one: a miss is cheaper.
-    assert policy.choose(ask, loads((1, 5000), (1, 0), (1, 300))).ranked == ("b", "c", "a")
+    assert send(policy, ask, loads((1, 5000), (1, 0), (1, 300))).ranked == ("b", "c", "a")
     # A cold prompt goes where the least prefill waits, however many requests are open there.
     cold = make_request(prompt_tokens=1000, prefix_blocks=prompt_blocks("z" * 2000))
-    assert policy.choose(cold, loads((1, 900), (0, 8000), (3, 100))).ranked[0] == "c"
+    assert send(policy, cold, loads((1, 900), (0, 8000), (3, 100))).ranked[0] == "c"
 
 
 def test_a_warm_queue_of_cache_hits_counts_for_what_it_misses() -> None:
@@ -156,15 +157,15 @@ def test_learns_where_requests_were_served_not_where_they_failed() -> None:
     assert policy.index.matched("c", req.prefix_blocks) == 0
     policy.on_finish(req, "c", OK)  # served by c (say after a failover): c holds it now
     assert policy.index.matched("c", req.prefix_blocks) == 6
-    assert policy.choose(request(SHARED + "again"), cands(0, 0, 1)).ranked[0] == "c"
+    assert send(policy, request(SHARED + "again"), cands(0, 0, 1)).ranked[0] == "c"
 
 
 def test_unhealthy_backends_and_the_backends_param() -> None:
     policy = cache_aware(backends=["b", "c"])
-    ranked = policy.choose(request(SHARED), cands()).ranked
+    ranked = send(policy, request(SHARED), cands()).ranked
     assert set(ranked) == {"b", "c"}
     down = [make_candidate(n, "vllm", healthy=False) for n in NAMES]
-    assert policy.choose(request(SHARED), down).ranked == ()
+    assert send(policy, request(SHARED), down).ranked == ()
     with pytest.raises(PolicyConfigError) as err:
         build_policy("ca", "cache-aware", {"max_imbalance": 0, "backends": ["z"]}, BACKENDS)
     paths = [path for path, _ in err.value.errors]
@@ -178,9 +179,9 @@ def test_as_a_pipeline_scorer() -> None:
     policy = build_policy("p", "pipeline", params, BACKENDS)
     req = request(SHARED + "q")
     policy.on_finish(req, "c", OK)
-    assert policy.choose(request(SHARED + "q2"), cands(1, 1, 1)).ranked[0] == "c"
-    assert policy.choose(request(SHARED + "q3"), cands(0, 0, 2)).ranked[0] != "c"  # gated
-    assert policy.choose(request("x" * 2000), cands(1, 0, 1)).ranked[0] == "b"  # cold
+    assert send(policy, request(SHARED + "q2"), cands(1, 1, 1)).ranked[0] == "c"
+    assert send(policy, request(SHARED + "q3"), cands(0, 0, 2)).ranked[0] != "c"  # gated
+    assert send(policy, request("x" * 2000), cands(1, 0, 1)).ranked[0] == "b"  # cold
 
 
 def test_adaptive_keeps_a_request_on_its_cache_warm_replica_in_the_pool() -> None:
@@ -189,11 +190,11 @@ def test_adaptive_keeps_a_request_on_its_cache_warm_replica_in_the_pool() -> Non
     policy = build_policy("ad", "adaptive", params, backends)
     assert isinstance(policy, AdaptivePolicy)
     pool = [*cands(0, 0, 0), make_candidate("d", "deepinfer")]
-    first = policy.choose(request(SHARED + "q1"), pool).ranked[0]
+    first = send(policy, request(SHARED + "q1"), pool).ranked[0]
     loaded = [
         make_candidate(
             n, "vllm", inflight=1 if n == first else 0, prompt_tokens=5000 * (n == first)
         )
         for n in NAMES
     ] + [make_candidate("d", "deepinfer")]
-    assert policy.choose(request(SHARED + "q2"), loaded).ranked[0] == first
+    assert send(policy, request(SHARED + "q2"), loaded).ranked[0] == first

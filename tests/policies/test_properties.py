@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.registry import BackendInfo, build_policy
-from policies.testing import make_candidate, make_request
+from policies.testing import make_candidate, make_request, send
 from policies.types import Candidate, Outcome
 
 BACKENDS = (
@@ -87,7 +87,7 @@ def test_ranking_is_a_subset_permutation(
     policy = build_policy("p", policy_type, params, BACKENDS)
     healthy = {c.name for c in cands if c.healthy}
     for _ in range(repeats):
-        ranked = policy.choose(make_request(cls), cands).ranked  # type: ignore[arg-type]
+        ranked = send(policy, make_request(cls), cands).ranked  # type: ignore[arg-type]
         assert len(ranked) == len(set(ranked))
         assert set(ranked) <= healthy
         if complete:
@@ -116,7 +116,7 @@ def test_adaptive_bookkeeping_balances(
     open_: list[tuple[object, str]] = []
     for i, (cls, cands, finish_now, ttft) in enumerate(steps):
         req = make_request(cls, request_id=f"r{i}", stream=cls == "interactive")  # type: ignore[arg-type]
-        ranked = policy.choose(req, cands).ranked
+        ranked = send(policy, req, cands).ranked
         assert len(ranked) == len(set(ranked)) and set(ranked) == {
             c.name for c in cands if c.healthy
         }

@@ -12,7 +12,7 @@ from policies.filters import MembersFilter
 from policies.pipeline import PipelinePolicy
 from policies.registry import BackendInfo, PolicyConfigError, build_policy, policy_types
 from policies.testing import make_candidate as cand
-from policies.testing import make_request
+from policies.testing import make_request, send
 from policies.types import Candidate
 
 BACKENDS = (
@@ -36,7 +36,7 @@ def ranked(
     cls: str = "interactive",
 ) -> list[str]:
     policy = build_policy("p", policy_type, params, BACKENDS)
-    return list(policy.choose(make_request(cls), cands).ranked)  # type: ignore[arg-type]
+    return list(send(policy, make_request(cls), cands).ranked)  # type: ignore[arg-type]
 
 
 def test_builtin_types_listed() -> None:
@@ -80,13 +80,13 @@ def test_class_split_by_backend_name_excludes_unlisted() -> None:
 
 def test_round_robin_over_subset() -> None:
     policy = build_policy("rr", "round-robin", {"backends": ["vllm"]}, BACKENDS)
-    heads = [policy.choose(make_request(), snapshot()).ranked for _ in range(3)]
+    heads = [send(policy, make_request(), snapshot()).ranked for _ in range(3)]
     assert heads == [("vllm", "vllm-2"), ("vllm-2", "vllm"), ("vllm", "vllm-2")]
 
 
 def test_round_robin_all() -> None:
     policy = build_policy("rr", "round-robin", {}, BACKENDS)
-    heads = [policy.choose(make_request(), snapshot()).ranked[0] for _ in range(4)]
+    heads = [send(policy, make_request(), snapshot()).ranked[0] for _ in range(4)]
     assert heads == ["vllm", "vllm-2", "deepinfer", "vllm"]
 
 
@@ -150,7 +150,7 @@ def test_pipeline_composes_plugins() -> None:
     ]
     # vllm is saturated; deepinfer: 2*1 + 1*0 = 2 beats vllm-2: 2*0 + 1*1 = 1
     policy = build_policy("p", "pipeline", params, BACKENDS)
-    decision = policy.choose(make_request(), cands)
+    decision = send(policy, make_request(), cands)
     assert decision.ranked == ("deepinfer", "vllm-2")
     assert decision.scores == {"deepinfer": 2.0, "vllm-2": 1.0}
 

@@ -9,7 +9,7 @@ import pytest
 from policies.adaptive import AdaptivePolicy
 from policies.base import Forgets
 from policies.registry import build_policy
-from policies.testing import make_candidate, make_request
+from policies.testing import make_candidate, make_request, send
 from policies.types import BackendInfo, Outcome, group_of
 
 BACKENDS = [BackendInfo("vllm", "vllm"), BackendInfo("deepinfer", "deepinfer")]
@@ -27,14 +27,14 @@ def test_a_policy_naming_the_backend_routes_to_its_replicas() -> None:
         "s", "class-split", {"interactive": ["vllm"], "batch": ["deepinfer"]}, BACKENDS
     )
     candidates = [make_candidate(ONE, "vllm"), make_candidate("deepinfer")]
-    assert pinned.choose(make_request(), candidates).ranked == (ONE,)
-    assert split.choose(make_request(), candidates).ranked == (ONE,)
+    assert send(pinned, make_request(), candidates).ranked == (ONE,)
+    assert send(split, make_request(), candidates).ranked == (ONE,)
 
 
 def _learn(policy: AdaptivePolicy, backend: str, ttft: float) -> None:
     for i in range(20):
         req = make_request(request_id=f"r{i}", prompt_tokens=1000)
-        policy.choose(req, [make_candidate(backend, "vllm"), make_candidate("deepinfer")])
+        send(policy, req, [make_candidate(backend, "vllm"), make_candidate("deepinfer")])
         policy.on_finish(req, backend, Outcome(200, True, 1000, 10, ttft, ttft + 1, 0.02))
 
 
@@ -60,9 +60,9 @@ def test_a_pipeline_forwards_forget_to_its_learning_plugins() -> None:
     policy = build_policy("p", "pipeline", params, BACKENDS)
     assert isinstance(policy, Forgets)
     req = make_request()
-    policy.choose(req, [make_candidate(ONE, "vllm")])
+    send(policy, req, [make_candidate(ONE, "vllm")])
     policy.on_finish(req, ONE, Outcome(200, True, 1000, 10, 2.0, 3.0, 0.02))
-    before = policy.choose(req, [make_candidate(ONE, "vllm")]).scores[ONE]
+    before = send(policy, req, [make_candidate(ONE, "vllm")]).scores[ONE]
     policy.forget(ONE)
-    after = policy.choose(req, [make_candidate(ONE, "vllm")]).scores[ONE]
+    after = send(policy, req, [make_candidate(ONE, "vllm")]).scores[ONE]
     assert after > before  # the slow observation is gone: back to the prior's prediction

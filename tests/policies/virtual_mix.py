@@ -21,6 +21,7 @@ from emulator.model import Engine, Sequence
 from emulator.profiles import load_profile
 from emulator.simulate import percentile
 from policies.registry import BackendInfo, build_policy
+from policies.testing import send as routed
 from policies.types import Candidate, EngineLoad, Outcome, RequestClass, RequestInfo
 
 BACKENDS = (BackendInfo("vllm", "vllm", True), BackendInfo("deepinfer", "deepinfer"))
@@ -163,7 +164,7 @@ def run(
             )
             for b in BACKENDS
         ]
-        decision = policy.choose(req, cands)
+        decision = routed(policy, req, cands)
         backend = decision.ranked[0]
         spilled += cls == "batch" and backend == "vllm"
         capable = next(b.priority_capable for b in BACKENDS if b.name == backend)

@@ -53,6 +53,9 @@ class Recorder:
         ranked = sorted(candidates, key=lambda c: (c.inflight, c.name))
         return Decision(tuple(c.name for c in ranked))
 
+    def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
+        pass
+
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         self.times.append(self.clock())
         self.finished.append((req.request_id, backend, outcome))

@@ -106,8 +106,11 @@ class Counting:
         batch = len(self.open["batch"])
         assert sum(c.inflight for c in candidates) == batch + len(self.open["interactive"])
         self.at_choice.append((self.world.now, req.request_class, batch))
-        self.open[req.request_class].add(req.request_id)
         return self.inner.choose(req, candidates)
+
+    def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
+        self.open[req.request_class].add(req.request_id)
+        self.inner.committed(req, decision, backend)
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         self.open[req.request_class].discard(req.request_id)

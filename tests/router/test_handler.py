@@ -39,6 +39,9 @@ class RecordingPolicy:
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
         return Decision(tuple(c.name for c in candidates))
 
+    def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
+        pass
+
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         self.finished.append((req.request_id, outcome.status))
 

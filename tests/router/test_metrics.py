@@ -5,7 +5,7 @@ from __future__ import annotations
 from policies.base import PipelineObserver
 from policies.registry import BackendInfo, build_policy
 from policies.testing import make_candidate as cand
-from policies.testing import make_request
+from policies.testing import make_request, send
 from router.observe.metrics import PLUGIN_SAMPLE, Metrics
 
 
@@ -58,8 +58,8 @@ def test_pipeline_plugins_are_timed_and_emptying_filters_counted() -> None:
         "scorers": ["least-requests", {"type": "least-requests", "weight": 0.5}],
     }
     policy = build_policy("p", "pipeline", params, backends, observer=observer)
-    policy.choose(make_request(), [cand("a"), cand("b")])
-    emptied = policy.choose(make_request(), [cand("b")])
+    send(policy, make_request(), [cand("a"), cand("b")])
+    emptied = send(policy, make_request(), [cand("b")])
     assert emptied.empty_reason == "filter 'members' (filters[0]) removed every candidate"
     text = m.render().decode()
     duration = "turnout_policy_plugin_duration_seconds_count"
@@ -79,7 +79,7 @@ def test_pipeline_plugins_are_timed_and_emptying_filters_counted() -> None:
     assert sample(Metrics(), "turnout_policy_filter_rejections_total",
                   policy="p", filter="members") is None  # fmt: skip
     for _ in range(PLUGIN_SAMPLE - 1):  # runs 3 to 17 of the filter: the 17th is timed
-        policy.choose(make_request(), [cand("a"), cand("b")])
+        send(policy, make_request(), [cand("a"), cand("b")])
     timed = sample(m, duration, policy="p", plugin="members", kind="filter")
     assert timed == 2.0
 
