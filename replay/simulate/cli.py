@@ -32,7 +32,8 @@ from replay.plan import Plan, Planned, dry_run
 from replay.preflight import unknown_policies
 from replay.replayer import result_line
 from replay.report import RunReport
-from replay.simulate.loop import Simulation
+from replay.simulate.compared import run_compared
+from replay.simulate.loop import OnResult, Simulation
 from replay.simulate.pareto import pareto_points, render_pareto
 from replay.simulate.sweep import Setting, apply, grid, label, parse_set
 from replay.simulate.world import World
@@ -142,8 +143,57 @@ class Simulator:
         sweeps = [parse_set(s) for s in self.a.sets]
         for setting in grid(sweeps):
             config = parse_config(apply(self.doc, setting)) if setting else self.base
-            for policy in self.a.policies or [config.default_policy]:
+            policies = self.a.policies or [config.default_policy]
+            if len(policies) > 1 and self.a.time_shard is None:
+                self.run_compared(config, policies, setting, results)
+                continue
+            for policy in policies:
                 self.run_one(config, policy, setting, results)
+
+    def run_compared(
+        self,
+        config: RouterConfig,
+        policies: list[str],
+        setting: Setting,
+        results: IO[bytes] | None,
+    ) -> None:
+        """Every policy at one grid point on one deployment, in the live comparison's order
+        (:mod:`replay.simulate.compared`)."""
+        world = World(config, self.profiles)
+        model = world.model()
+        reports = [RunReport(label(p, setting), frame=self._frame(world)) for p in policies]
+        wall = time.perf_counter()
+
+        def reporter(report: RunReport) -> OnResult:
+            def on_result(item: Item, r: Result, sent: float) -> None:
+                report.add(r, sent=sent)
+                if results is not None:
+                    results.write(result_line(item, r, sent))
+
+            return on_result
+
+        sources: list[Source] = []
+
+        def schedule() -> Iterator[Planned]:
+            sources.append(self._source(model))
+            return iter(Plan(sources[-1], self.plan))
+
+        runs = [(p, r.policy or p) for p, r in zip(policies, reports, strict=True)]
+        span = dry_run(Plan(self._source(model), self.plan)).duration
+        done = run_compared(world, runs, schedule, span, [reporter(r) for r in reports])
+        if not self.runs and sources:
+            self._skipped(sources[-1])
+        for report, (sim, virtual, cpu) in zip(reports, done, strict=True):
+            self.runs.append(report)
+            self.meta.append(
+                {
+                    "setting": {k: v for k, v in setting},
+                    "virtual_seconds": round(virtual, 3),
+                    "cpu_seconds": round(cpu, 3),
+                    "wall_seconds": round(time.perf_counter() - wall, 3),
+                    "events": sim.events,
+                }
+            )
 
     def run_one(
         self, config: RouterConfig, policy: str, setting: Setting, results: IO[bytes] | None
@@ -177,9 +227,13 @@ class Simulator:
             }
         )
         if len(self.runs) == 1:
-            self.skipped = source.errors + (
-                [f"{source.skipped} rows in all"] if source.skipped > len(source.errors) else []
-            )
+            self._skipped(source)
+
+    def _skipped(self, source: Source) -> None:
+        """What the first run's source skipped, to say once."""
+        self.skipped = source.errors + (
+            [f"{source.skipped} rows in all"] if source.skipped > len(source.errors) else []
+        )
 
     def _frame(self, world: World) -> Frame:
         """The first run's windows and SLOs, for every run: one yardstick for all."""

@@ -96,11 +96,13 @@ class Simulation:
         on_result: OnResult,
         *,
         salt: int = 0,
+        mark: bool = False,
         closed_loop: bool = False,
     ) -> None:
         self.world = world
-        self.prompts = Prompts(salt)
-        """Synthesized prompts salted as the live replayer salts its ``salt``-th run."""
+        self.prompts = Prompts(salt, mark=mark)
+        """Prompts salted as the live replayer salts its ``salt``-th run (``mark``: recorded
+        ones marked, as when it compares runs)."""
         self.policy = policy
         self.label = label
         self.on_result = on_result

@@ -43,9 +43,12 @@ Piece = tuple[int, int]
 class Prompts:
     """One run's synthesized prompts: layout salted as the live run's, ids, router blocks."""
 
-    def __init__(self, salt: int) -> None:
+    def __init__(self, salt: int, *, mark: bool = False) -> None:
         self.salt = salt
         self.synth = PromptSynth(salt=salt)
+        self.mark = mark
+        """Recorded prompts are marked with the salt, as the live replayer marks them when it
+        compares runs (:func:`replay.synth.salted`)."""
         self._fresh = itertools.count(_FRESH_BASE, _SPAN)
 
     def pieces(self, item: Item, synth: Synth) -> list[Piece]:

@@ -29,6 +29,7 @@ from replay.client import encode_body, request_class
 from replay.sessions import Turn, continued, new_words, turn_tokens
 from replay.simulate.prompts import NEXT, TAIL, Piece, Prompts, chain, ids
 from replay.sources import Item
+from replay.synth import salted
 from router.config.model import ClassificationSettings
 from router.control.classify import choose_class, classify
 from router.server.errors import RouterError
@@ -69,6 +70,9 @@ class Routed:
     """The prompt's token ids for the engine's prefix cache (empty: nothing is shared)."""
     pieces: tuple[Piece, ...] = ()
     """A synthesized prompt's pieces (for the next turn of its session)."""
+    sent: Mapping[str, Any] | None = None
+    """The body the live replayer sends for a synthesized prompt (its first turn's): the
+    engine seeds the answer's length with it, so the simulated engine does too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,8 @@ def understand(
         messages = continued(item, prev.turn) if prev is not None else None
         if messages is not None:
             body = {**body, "messages": messages}
+        elif prompts.mark and item.session is None:  # a turn's history must match the last's
+            body = salted(body, prompts.salt) or body
         try:
             parsed = classify(
                 encode_body(body),
@@ -146,7 +152,9 @@ def understand(
         cls = choose_class(info, body, header, None, settings)
     except RouterError as e:
         raise Refused(e.status, e.message) from None
-    return Routed(item, replace(info, request_class=cls), None, request_class(rec), tokens, pieces)
+    sent = prompts.synth.body(body, synth, rec.custom_id, rec.url) if prev is None else None
+    routed = Routed(item, replace(info, request_class=cls), None, request_class(rec), tokens)
+    return replace(routed, pieces=pieces, sent=sent)
 
 
 def engine_sequence(
@@ -186,7 +194,14 @@ def engine_sequence(
                 include_usage=True,
                 priority=priority or 0,
             )
-            rng = request_rng(seed, info.request_id.encode())
+            sent = routed.sent
+            if sent is None:  # a later turn: its history is not written out
+                rng = request_rng(seed, info.request_id.encode())
+            else:  # the body as the engine gets it (the router's model name and priority)
+                doc = {**sent, "model": served}
+                if priority is not None:
+                    doc["priority"] = priority
+                rng = request_rng(seed, request_identity(doc))
         cap = check_context(gen.prompt_tokens, gen.max_tokens, profile.max_model_len)
     except ApiError as e:
         raise Refused(e.status, e.message) from None
