@@ -149,9 +149,10 @@ async def _load(
     gap_ms: float,
     burst: bool = False,
     stream: bool = True,
+    auth: str | None = None,
 ) -> RunResult:
     """``streams`` requests, ``concurrency`` at a time; ``stream=False``: each answered by
-    one JSON body (counted as one chunk)."""
+    one JSON body (counted as one chunk); ``auth``: an API key to send."""
     body = (
         b'{"model":"bench","messages":[{"role":"user","content":"hello"}],"stream":%s,'
         b'"max_tokens":%d}' % (b"true" if stream else b"false", chunks)
@@ -160,6 +161,7 @@ async def _load(
         "Content-Type": "application/json",
         "X-Bench-Gap-Ms": str(gap_ms),
         "X-Bench-Chunks": str(chunks),
+        **({"Authorization": f"Bearer {auth}"} if auth is not None else {}),
     }
     ttft: list[float] = []
     e2e: list[float] = []

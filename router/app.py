@@ -18,6 +18,7 @@ from policies.base import Forgets, Policy, ReportsError
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
 from policies.types import REQUEST_CLASSES, RequestClass, Slo, group_of
 from router.backends.fleet import Fleet, Resolver, resolve_dns
+from router.backends.fleet_load import FleetLoad, RouterName, unique_name
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
 from router.backends.shared import WorkerRow
@@ -82,6 +83,7 @@ def build_app(
     resolver: Resolver = resolve_dns,
     shared: WorkerRow | None = None,
     quotas: QuotaTable | None = None,
+    router: RouterName | None = None,
     tracing: Tracing | None = None,
 ) -> web.Application:
     """The router app for ``config`` (backend URLs must be resolved already).
@@ -89,7 +91,9 @@ def build_app(
     With ``config_path``, ``POST /turnout/reload`` (and :data:`RELOADER`) reload from it.
     ``resolver`` looks up discovered backends' names (a test may give its own).
     ``shared``: this worker's row of the backend load its router's workers share;
-    ``quotas``: its handle on their API keys' usage (router.control.quota).
+    ``quotas``: its handle on their API keys' usage (router.control.quota); ``router``:
+    which router it is one of, for the in-flight counts replicas exchange
+    (router.backends.fleet_load; by default a router of its own).
     ``tracing``: what the environment asks for unless given (router.observe.tracing).
     """
     metrics = metrics if metrics is not None else Metrics()
@@ -126,7 +130,9 @@ def build_app(
     guards = [_errors, single_headers, admin_only(lambda: state.gate)]
     app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=guards)
     app[STATE] = state
-    app.cleanup_ctx.append(partial(_lifespan, resolver=resolver))
+    if router is None:
+        router = RouterName(unique_name(), publishes=True)
+    app.cleanup_ctx.append(partial(_lifespan, resolver=resolver, router=router))
     app.on_response_prepare.append(_server_header)
     _routes(app, state)
     if config.batch is not None:  # after the app's own lifespan: lines need the router up
@@ -321,7 +327,9 @@ async def _server_header(_: web.Request, response: web.StreamResponse) -> None:
     response.headers["Server"] = SERVER
 
 
-async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[None]:
+async def _lifespan(
+    app: web.Application, resolver: Resolver, router: RouterName
+) -> AsyncIterator[None]:
     state = app[STATE]
     # limit=0: the router's own in-flight caps (max_inflight) bound the pool, not aiohttp.
     connector = aiohttp.TCPConnector(limit=0)
@@ -350,9 +358,15 @@ async def _lifespan(app: web.Application, resolver: Resolver) -> AsyncIterator[N
         resolver=resolver,
     )
     await state.fleet.start(state.config.backends)
+    url = state.config.limits.store.redis_url
+    load = None if url is None else FleetLoad(url, state.pool, router, state.admission.release)
+    if load is not None:
+        await load.start()
     try:
         yield
     finally:
+        if load is not None:
+            await load.aclose()
         await state.fleet.aclose()
         state.fleet = None
         await monitor.aclose()

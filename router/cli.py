@@ -30,6 +30,7 @@ from typing import NoReturn
 import uvloop
 
 from router.app import RELOADER, STATE, build_app, build_policies, listen_socket, serve
+from router.backends.fleet_load import RouterName
 from router.batch.service import StoreBusy, claim_store, store_url
 from router.config.backends import shown_url
 from router.config.model import BatchSettings, ConfigError, ListenSettings, RouterConfig
@@ -244,6 +245,7 @@ async def _worker(
             config_path=path,
             shared=sharing.load.row(index),
             quotas=sharing.quotas.table(index),
+            router=RouterName(sharing.router_id, publishes=index == 0),
             tracing=tracing_from_env(warn=index == 0),  # the router says it once, not N times
         )
         refresher = asyncio.create_task(_refresh(metrics))

@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 import uvloop
 
 from router.app import listen_socket
+from router.backends.fleet_load import unique_name
 from router.backends.shared import SharedLoad
 from router.config.model import RouterConfig
 from router.control.quota import SharedQuotas
@@ -54,6 +55,8 @@ class Sharing:
     load: SharedLoad
     quotas: SharedQuotas
     metrics_dir: Path
+    router_id: str
+    """What replicas call this router by (router.backends.fleet_load)."""
 
 
 Worker = Callable[
@@ -75,7 +78,7 @@ def supervise(
     stops them; ``announce(url)`` once all are up. Returns the exit code."""
     metrics_dir = Path(tempfile.mkdtemp(prefix="turnout-metrics-"))
     share_between_workers(metrics_dir)
-    sharing = Sharing(SharedLoad(workers), SharedQuotas(workers), metrics_dir)
+    sharing = Sharing(SharedLoad(workers), SharedQuotas(workers), metrics_dir, unique_name())
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         return _Supervisor(config, first, path, worker, sharing).run(workers, announce)

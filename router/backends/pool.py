@@ -53,6 +53,9 @@ class BackendState:
         # there (router.backends.shared) and that sum is what the properties below read.
         self._inflight = self._prompt = self._output = 0
         self._shared = shared
+        self.elsewhere = 0
+        """Requests other router replicas have in flight here, as last heard
+        (router.backends.fleet_load): with them ``max_inflight`` caps the fleet."""
         self._probe_ok = True
         self._probe_failures = 0
         self.breaker = Breaker(
@@ -124,7 +127,13 @@ class BackendState:
 
     def figures(self) -> tuple[int, int, int]:
         """Requests in flight, outstanding prompt and output tokens: over every worker of the
-        router when they share their load, else this process's."""
+        router when they share their load, else this process's; the requests in flight
+        include :attr:`elsewhere`."""
+        inflight, prompt, output = self.own_figures()
+        return inflight + self.elsewhere, prompt, output
+
+    def own_figures(self) -> tuple[int, int, int]:
+        """:meth:`figures` of this router alone (all its workers)."""
         if self._shared is None:
             return self._inflight, self._prompt, self._output
         return self._shared.totals()

@@ -27,16 +27,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
-import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, RedisError
 
+from router.backends.fleet_load import unique_name
 from router.config.model import StoreOnError
 from router.control.quota import Limits, QuotaTable, Refusal, Settler
 
@@ -119,7 +119,9 @@ return 1
 """
 )
 
+Arg = str | int | float
 _Settlement = tuple[str, Limits, float]
+_Reservation = tuple[str, Limits, float, "asyncio.Future[list[bytes]]"]
 
 
 class RedisQuotas:
@@ -143,11 +145,13 @@ class RedisQuotas:
         self._on_local = on_local
         self._reserve = self._redis.register_script(RESERVE)
         self._settle = self._redis.register_script(SETTLE)
-        self.process = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.process = unique_name()
         self._alive = f"{PREFIX}alive:"
         self.up = True
         self._blocked: dict[str, float] = {}  # quota -> until when Redis refuses it (monotonic)
         self._pending: deque[_Settlement] = deque()
+        self._batch: list[_Reservation] = []
+        self._sending: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -185,19 +189,13 @@ class RedisQuotas:
 
     async def reserve(self, quota: str, limits: Limits, tokens: float) -> Settler | Refusal:
         if self.up:
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[list[bytes]] = loop.create_future()
+            self._batch.append((quota, limits, tokens, waiter))
+            if len(self._batch) == 1:  # the first of this turn of the loop: all go at its end
+                loop.call_soon(self._send_batch)
             try:
-                got = await self._reserve(
-                    keys=(PREFIX + quota, PREFIX + quota + ":open"),
-                    args=(
-                        limits.requests_per_minute or 0,
-                        limits.tokens_per_minute or 0,
-                        limits.max_concurrency or 0,
-                        int(tokens),
-                        self.process,
-                        self._alive,
-                        IDLE_SECONDS,
-                    ),
-                )
+                got = await waiter
             except (RedisError, OSError) as exc:
                 self._lost(exc)
             else:
@@ -208,6 +206,58 @@ class RedisQuotas:
         taken = self._local.take(quota, limits, tokens)
         self._on_local("refused" if isinstance(taken, Refusal) else "allowed")
         return taken
+
+    def _send_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        task = asyncio.create_task(self._reserve_all(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _reserve_all(self, batch: list[_Reservation]) -> None:
+        """The reservations asked for in one turn of the event loop, in one round trip: a
+        pipeline costs a fraction of a call each (benchmarks/limits_store.py)."""
+        calls = [
+            (
+                limits.requests_per_minute or 0,
+                limits.tokens_per_minute or 0,
+                limits.max_concurrency or 0,
+                int(tokens),
+                self.process,
+                self._alive,
+                IDLE_SECONDS,
+            )
+            for _, limits, tokens, _ in batch
+        ]
+        keys = [(PREFIX + quota, PREFIX + quota + ":open") for quota, *_ in batch]
+        try:
+            replies = await self._pipelined(self._reserve, keys, calls)
+        except (RedisError, OSError) as exc:
+            for *_, waiter in batch:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        for (quota, limits, tokens, waiter), reply in zip(batch, replies, strict=True):
+            if not waiter.done():
+                waiter.set_result(reply)
+            elif reply[0] == b"ok":  # its client left meanwhile: give it all back
+                self.settle(quota, limits, tokens)
+
+    async def _pipelined(
+        self, script: AsyncScript, keys: list[tuple[str, str]], calls: Sequence[Sequence[Arg]]
+    ) -> list[Any]:
+        """``script`` run once for each of ``keys`` and ``calls`` in one pipeline (loaded
+        first should the server have lost it, as a restarted one has)."""
+        for again in (False, True):
+            pipe = self._redis.pipeline(transaction=False)
+            for two, args in zip(keys, calls, strict=True):
+                pipe.evalsha(script.sha, 2, *two, *args)
+            try:
+                return await pipe.execute()
+            except NoScriptError:
+                if again:
+                    raise
+                await self._redis.script_load(script.script)
+        raise AssertionError("unreachable")
 
     def _answer(self, quota: str, got: list[bytes]) -> Settler | Refusal:
         kind = got[0].decode()
@@ -240,19 +290,12 @@ class RedisQuotas:
     async def _send(self) -> None:
         """Every queued settlement in one pipeline; they stay queued if it fails."""
         batch = list(self._pending)
-        pipe = self._redis.pipeline(transaction=False)
-        for quota, limits, give in batch:
-            await self._settle(
-                keys=(PREFIX + quota, PREFIX + quota + ":open"),
-                args=(
-                    limits.tokens_per_minute or 0,
-                    give,
-                    self.process,
-                    limits.max_concurrency or 0,
-                ),
-                client=pipe,
-            )
-        await pipe.execute()
+        keys = [(PREFIX + quota, PREFIX + quota + ":open") for quota, _, _ in batch]
+        calls = [
+            (limits.tokens_per_minute or 0, give, self.process, limits.max_concurrency or 0)
+            for _, limits, give in batch
+        ]
+        await self._pipelined(self._settle, keys, calls)
         for _ in batch:
             self._pending.popleft()
 

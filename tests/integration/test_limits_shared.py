@@ -124,3 +124,25 @@ def test_a_keys_concurrency_cap_holds_across_routers(
         assert all("requests open" in r.json()["error"]["message"] for r in refused)
         # Their slots were given back: the key is served again.
         assert all(chat(r.url).status == 200 for r in routers)
+
+
+def test_a_backends_max_inflight_caps_the_fleet_not_each_router(
+    emulator: Emulator, redis: RedisServer, tmp_path: Path
+) -> None:
+    doc = config(emulator, redis.url)
+    doc["backends"][0]["max_inflight"] = 2
+    with (
+        start_router(write_config(tmp_path, doc, "a.yaml"), ["--workers", "2"]) as a,
+        start_router(write_config(tmp_path, doc, "b.yaml")) as b,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        # Two long answers fill the backend through router a...
+        long = [pool.submit(chat, a.url, 3000) for _ in range(2)]
+        time.sleep(1.0)  # ...which router b hears of within the exchange's period
+        assert not any(f.done() for f in long)
+        refused = [chat(b.url) for _ in range(3)]
+        assert [r.status for r in refused] == [429] * 3
+        assert all("in-flight limit" in r.json()["error"]["message"] for r in refused)
+        assert [f.result().status for f in long] == [200, 200]
+        time.sleep(1.0)
+        assert chat(b.url).status == 200  # the slots came back to the fleet
