@@ -8,7 +8,8 @@ looks at the batches some router still has work on and, in creation order:
   completion window (``expired``: its unanswered lines go to the error file as
   ``batch_expired``) once no router runs a line of it any more;
 - takes as many open lines as the pacing window leaves room for (router.batch.pacing) and
-  runs each as a ``batch``-class request through the private line site (router.batch.lines).
+  runs each as a ``batch``-class request through the request path, in-process
+  (router.batch.lines).
 
 A line that the router turned away (429, 503: the batch pool is full, or the tenant is over
 its own limits) is given back and taken again after a pause, until the window ends; one whose
@@ -33,15 +34,15 @@ import time
 import uuid
 from collections.abc import Mapping
 
-import aiohttp
 import orjson
 
 from router.batch.finalize import error_line, finalize
-from router.batch.lines import OWNER_HEADER, TOKEN_HEADER, LineSite
+from router.batch.lines import run_line
 from router.batch.metrics import BatchMetrics
 from router.batch.pacing import Pacer
 from router.batch.store import BatchRow, BatchStatus, BatchStore, Finished, Line, new_id
 from router.config.model import BatchSettings
+from router.proxy.state import RouterState
 from router.server.ids import usable_id
 
 TICK = 0.5
@@ -77,16 +78,13 @@ class Executor:
     def __init__(
         self,
         store: BatchStore,
-        site: LineSite,
+        state: RouterState,
         pacer: Pacer,
         metrics: BatchMetrics,
         settings: BatchSettings,
-        keepalive: float,
     ) -> None:
-        """``keepalive``: seconds an idle connection to the line site may be reused (under
-        the site's own idle limit, so the site never closes one just as a line is sent)."""
         self._store = store
-        self._site = site
+        self._state = state
         self._pacer = pacer
         self._metrics = metrics
         self._settings = settings
@@ -96,19 +94,11 @@ class Executor:
         self._finalizing: dict[str, asyncio.Task[None]] = {}
         self._held: dict[str, float] = {}
         """Tenant (owner id) -> ``time.monotonic()`` until which none of its lines start."""
-        self._keepalive = keepalive
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
-        self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
-        # No total timeout: the router's own per-class timeouts bound each line.
-        # limit=0: the pacing window bounds the connections, not aiohttp's default of 100.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self._keepalive)
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None), connector=connector
-        )
         self._loop_task = asyncio.create_task(self._loop(), name="batch-executor")
         self._probe_task = asyncio.create_task(self._probe(), name="batch-loop-lag")
 
@@ -129,8 +119,6 @@ class Executor:
         await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self._store.renew(self.worker, 0.0)
-        if self._session is not None:
-            await self._session.close()
 
     async def _probe(self) -> None:
         """Tell the pacer how late the event loop runs a timer (how busy the router is)."""
@@ -206,7 +194,9 @@ class Executor:
 
     async def _take(self, batch: BatchRow, now: float) -> bool:
         """Start lines of ``batch`` as the window allows; True when it wanted more."""
-        if self._site.draining or self._holds(batch.owner):
+        # Draining: no new lines (a running one finishes or is cut, and given back, at the
+        # drain's deadline), so a batch does not hold the exit to it.
+        if self._state.drain.draining or self._holds(batch.owner):
             return False
         free = self._pacer.window - len(self._running)
         if free <= 0:
@@ -221,11 +211,9 @@ class Executor:
     async def _run(self, batch: BatchRow, line: Line) -> None:
         try:
             status, request_id, body, retry_after = await self._send(batch, line)
-            if status is None or self._retry(status, line):
+            if self._retry(status, line):
                 pause = retry_after or min(30.0, RETRY_PAUSE * 2 ** (line.attempts - 1))
-                if status is None:  # the router itself did not answer
-                    self._pacer.refused()
-                elif status == 429:
+                if status == 429:
                     until = time.monotonic() + pause
                     self._held[batch.owner] = max(until, self._held.get(batch.owner, 0.0))
                 await self._store.release_line(line, self.worker, time.time() + pause)
@@ -252,26 +240,17 @@ class Executor:
 
     async def _send(
         self, batch: BatchRow, line: Line
-    ) -> tuple[int | None, str | None, bytes, float | None]:
-        """The router's answer to the line: status (None: no answer), request id, body and
-        the Retry-After it asked for."""
-        assert self._session is not None
+    ) -> tuple[int, str | None, bytes, float | None]:
+        """The router's answer to the line: status, request id, body and the Retry-After it
+        asked for."""
         headers = {
-            TOKEN_HEADER: self._site.token,
-            OWNER_HEADER: batch.owner,
             "Content-Type": "application/json",
             "X-Request-Class": "batch",
             "X-Request-Id": request_id(batch.id, line),
             "X-Turnout-Batch": batch.id,
         }
-        try:
-            async with self._session.post(
-                self._site.url + line.url, data=line.body, headers=headers
-            ) as resp:
-                body = await resp.read()
-                return resp.status, resp.headers.get("X-Request-Id"), body, _seconds(resp.headers)
-        except (aiohttp.ClientError, OSError):
-            return None, None, b"", None
+        reply = await run_line(self._state, batch.owner, line.url, headers, line.body)
+        return reply.status, reply.headers.get("X-Request-Id"), reply.body, _seconds(reply.headers)
 
     def _finalize(self, batch: BatchRow, status: BatchStatus) -> None:
         """Finalize the batch beside the turns (its files may take a while to write)."""

@@ -83,10 +83,6 @@ class Pacer:
         elif request_class == "interactive" and ttft is not None:
             self._ttfts.append((now, backend, ttft))
 
-    def refused(self) -> None:
-        """The router did not answer a line at all."""
-        self._refused = True
-
     def lag(self, seconds: float) -> None:
         """The event loop ran a timer ``seconds`` late (the executor probes it)."""
         self._lag = max(self._lag, seconds)

@@ -1,4 +1,4 @@
-"""The Batch API of one router app: its store, line site, executor and routes together."""
+"""The Batch API of one router app: its store, executor and routes together."""
 
 from __future__ import annotations
 
@@ -11,16 +11,11 @@ from aiohttp import web
 
 from router.batch.api import BatchApi
 from router.batch.executor import Executor
-from router.batch.lines import LineSite
 from router.batch.metrics import BatchMetrics
 from router.batch.pacing import Pacer
 from router.batch.sql import SqlStore
 from router.config.model import BatchSettings
 from router.proxy.state import RouterState
-
-KEEPALIVE = 15.0
-"""Seconds the executor keeps an idle connection to the line site at most (aiohttp's own
-default), half the site's idle limit when that is shorter."""
 
 
 def store_url(settings: BatchSettings) -> str:
@@ -72,14 +67,8 @@ class BatchService:
         targets = state.slo.get(state.config.default_policy)
         slo_ttft = targets["interactive"].ttft_s if targets is not None else None
         self.pacer = Pacer(settings, slo_ttft)
-        self._site = LineSite(state)
         self.executor = Executor(
-            self._store,
-            self._site,
-            self.pacer,
-            BatchMetrics(state.metrics.registry),
-            settings,
-            keepalive=min(KEEPALIVE, state.config.limits.idle_seconds / 2),
+            self._store, state, self.pacer, BatchMetrics(state.metrics.registry), settings
         )
         self._api = BatchApi(self._store, settings, state, self.executor.wake)
 
@@ -90,7 +79,6 @@ class BatchService:
 
     async def _lifespan(self, _: web.Application) -> AsyncIterator[None]:
         await self._store.open()
-        await self._site.start()
         self._state.on_finish.append(self.pacer.observe)
         self.executor.start()
         try:
@@ -98,5 +86,4 @@ class BatchService:
         finally:
             await self.executor.aclose()
             self._state.on_finish.remove(self.pacer.observe)
-            await self._site.aclose()
             await self._store.close()

@@ -15,7 +15,7 @@ REDACTIONS: tuple[Redaction, ...] = ("none", "hash", "drop")
 DEFAULT_CAPTURE_HEADERS = ("x-request-class", "x-turnout-policy", "x-request-id", "user-agent")
 # What marks a request header as carrying a credential (never captured, refused in
 # capture.headers): a part of its name (split at - _ .) that is one of these words, or that
-# contains one of the stems (``x-amzn-oidc-accesstoken``, ``x-turnout-line-token``, ``api-key``,
+# contains one of the stems (``x-amzn-oidc-accesstoken``, ``x-session-token``, ``api-key``,
 # ``ocp-apim-subscription-key``, ``proxy-authorization``, ``set-cookie``, ``x-csrf-token``).
 _CREDENTIAL_PARTS = frozenset({"key", "jwt", "bearer", "sig", "signature", "oidc"})
 _CREDENTIAL_STEMS = ("auth", "cookie", "token", "secret", "passw", "apikey", "credential")

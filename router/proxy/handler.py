@@ -48,8 +48,8 @@ log = logging.getLogger("router")
 
 @dataclass(frozen=True, slots=True)
 class RunAs:
-    """The tenant a request runs as without identifying its caller by API key: router.batch's
-    line site gives a batch line its creator's."""
+    """The tenant a request runs as without identifying its caller by API key: a batch line
+    runs as its batch's creator (router.batch.lines)."""
 
     tenant: Tenant | None
 

@@ -10,10 +10,9 @@ site within what is left (:func:`connection_budget`):
 - each client connection may hold one descriptor more while it is served: its request's
   upstream socket, or the Batch API file it uploads or downloads. Two a connection.
 - what a worker opens after start is kept aside: health probes and metric scrapes (a few per
-  backend), shadow mirrors (their ``max_concurrency``), batch lines (the executor's client,
-  the line site's end and the upstream socket: three a line, ``batch.max_concurrency`` of
-  them) and the batch store, plus a fixed slack (DNS lookups, reloads, the capture sink's
-  restarts).
+  backend), shadow mirrors (their ``max_concurrency``), batch lines (each its upstream
+  socket, ``batch.max_concurrency`` of them: a line runs in-process) and the batch store,
+  plus a fixed slack (DNS lookups, reloads, the capture sink's restarts).
 - connections past the cap are accepted, answered 503 and closed, but libuv accepts every
   connection waiting in the listen queue before the first of them is answered, so the listen
   backlog is what a burst costs at once: it is kept to a quarter of what is left.
@@ -34,7 +33,7 @@ hundreds of clients connect at once: +1 s each)."""
 SLACK = 64
 PER_BACKEND = 4
 """Probe, scrape and ``/v1/models`` keep-alive sockets of one backend, and one to spare."""
-PER_BATCH_LINE = 3
+PER_BATCH_LINE = 1
 BATCH_STORE = 16
 """The store's database files (SQLite's database, journal and shared memory, or a
 PostgreSQL socket) and the files of the batches being created, read or finalized."""

@@ -1,8 +1,8 @@
 """Issue 26: the Batch API against a hostile client, each attack on a real router process.
 
 Bodies that never come are timed out (408) and their connections closed, on ``/v1/files``
-and ``/v1/batches`` as on every route; the private line site closes idle connections and
-turns away one without its token at once; every Batch call counts against the caller's
+and ``/v1/batches`` as on every route; no port but the public one listens, lines running or
+not; every Batch call counts against the caller's
 requests per minute and concurrency; one tenant's own 429s inside its batch hold back its
 lines only, never the window every batch shares; a key the router does not know is refused,
 never taken for anonymous, and anonymous callers get the Batch API only when configured;
@@ -27,7 +27,18 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from tests.batchkit import AUTH, KEY, batch_client, chat_line, jsonl, keyed, lines_of, paced, wait
+from tests.batchkit import (
+    AUTH,
+    KEY,
+    batch_client,
+    chat_line,
+    jsonl,
+    keyed,
+    lines_of,
+    paced,
+    submit,
+    wait,
+)
 from tests.procs import Process, start_emulator
 from tests.router.harness import base_config, get, request, start_router, write_config
 
@@ -141,28 +152,26 @@ def _listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def test_the_line_site_closes_idle_connections_and_turns_strangers_away(
+def test_lines_run_in_process_and_the_router_listens_on_its_public_port_alone(
     router: Process,
 ) -> None:
-    """Besides the public port the router listens on its private line site (loopback):
-    a connection there that sends nothing is closed after ``idle_seconds``, and a request
-    without the executor's token gets 403 and its connection closed at once."""
-    [line_port] = _listening_ports(router.proc.pid) - {_addr(router.url)[1]}
-    idle = [socket.create_connection(("127.0.0.1", line_port), timeout=5) for _ in range(50)]
-    strangers = []
-    try:
-        rest = b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-        for token in (b"", b"X-Turnout-Line-Token: guessed\r\n"):
-            for _ in range(10):
-                s = socket.create_connection(("127.0.0.1", line_port), timeout=5)
-                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + token + rest)
-                strangers.append(s)
-        got = _until_closed(strangers, 2.0)
-        assert all(g.startswith(b"HTTP/1.1 403") for g in got.values()), set(got.values())
-        _until_closed(idle, IDLE + 5)
-    finally:
-        for s in idle + strangers:
-            s.close()
+    """Batch lines enter the request path in-process (router.batch.lines): while a batch's
+    lines run, and after, the router listens on no port but the public one, so there is no
+    side door for a stranger to send a line through."""
+    public = {_addr(router.url)[1]}
+    alice = batch_client(router.url, "k-alice")
+    batch = submit(alice, [chat_line(f"p{i}", max_tokens=32) for i in range(20)])
+    deadline = time.monotonic() + 60
+    while not getattr(alice.batches.retrieve(batch.id).request_counts, "completed", 0):
+        assert time.monotonic() < deadline, "no line of the batch ran"
+        time.sleep(0.05)
+    assert _listening_ports(router.proc.pid) == public  # lines are running
+    done = wait(alice, batch.id)
+    assert done.status == "completed" and done.request_counts is not None
+    assert done.request_counts.completed == 20
+    out = lines_of(alice, done.output_file_id)
+    assert {row["response"]["status_code"] for row in out} == {200}
+    assert _listening_ports(router.proc.pid) == public
 
 
 def test_batch_calls_count_against_the_keys_limits(router: Process) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import orjson
 
-from router.batch.lines import TOKEN_HEADER
 from tests.integration.test_router_capture import MODEL, read_records
 from tests.procs import run_replay, start_emulator
 from tests.router.harness import base_config, client_for, start_router, write_config
@@ -24,7 +23,7 @@ def test_secrets_outside_the_prompt_do_not_reach_the_capture_file(tmp_path: Path
         doc["capture"] = {"path": str(capture), "redaction": "hash", "hash_key_file": str(key)}
         with start_router(write_config(tmp_path, doc), ["--workers", "2"]) as router:
             for i in range(8):  # a client (connection) each: both workers take some
-                leaky = {"x-api-key": "hunter2", "api-key": "hunter2", TOKEN_HEADER: "hunter2"}
+                leaky = {"x-api-key": "hunter2", "api-key": "hunter2", "X-Session-Token": "hunter2"}
                 client = client_for(router.url, **{"X-Request-Id": f"sec-{i}", **leaky})
                 client.chat.completions.create(
                     model=MODEL,
@@ -65,10 +64,10 @@ def test_secrets_outside_the_prompt_do_not_reach_the_capture_file(tmp_path: Path
 
 
 def test_a_config_that_would_capture_a_credential_header_does_not_start(tmp_path: Path) -> None:
-    """``capture.headers`` naming a key or the batch lines' token: check-config and serve both
+    """``capture.headers`` naming a key or a token: check-config and serve both
     refuse it, naming the entry, and the router never listens."""
     doc = base_config([("vllm", "vllm", "http://127.0.0.1:9")])
-    listed = ["x-request-id", "x-api-key", "api-key", TOKEN_HEADER, "Authorization"]
+    listed = ["x-request-id", "x-api-key", "api-key", "x-session-token", "Authorization"]
     doc["capture"] = {"path": str(tmp_path / "capture.jsonl"), "headers": listed}
     path = write_config(tmp_path, doc)
     for command in (["check-config", str(path)], ["serve", "--config", str(path), "--port", "0"]):

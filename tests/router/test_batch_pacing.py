@@ -27,7 +27,7 @@ def step(pacer: Pacer, clock: list[float], wanting: bool = True) -> int:
 def test_without_an_slo_the_window_is_the_budget(clock: list[float]) -> None:
     pacer = Pacer(SETTINGS, None)
     assert pacer.window == 20
-    pacer.refused()
+    pacer.observe("batch", "vllm", None, "overloaded")
     assert step(pacer, clock) == 20
 
 
@@ -38,7 +38,7 @@ def test_doubles_then_grows_by_a_tenth_while_interactive_ttft_holds(clock: list[
     for _ in range(10):
         pacer.observe("interactive", "vllm", 0.2, "ok")  # under headroom x SLO = 0.5 s
     assert [step(pacer, clock) for _ in range(3)] == [8, 16, 20]  # slow start, to the ceiling
-    pacer.refused()  # the first decrease ends the slow start
+    pacer.observe("batch", "vllm", None, "overloaded")  # the first decrease ends the slow start
     assert step(pacer, clock) == 10
     assert [step(pacer, clock) for _ in range(3)] == [11, 12, 13]
     assert step(pacer, clock, wanting=False) == 13  # nothing waiting: no reason to grow
@@ -91,7 +91,7 @@ def test_few_samples_are_no_signal_and_refusals_halve(clock: list[float]) -> Non
     for _ in range(pacing.MIN_SAMPLES - 1):
         pacer.observe("interactive", "vllm", 5.0, "ok")
     assert step(pacer, clock) == 8
-    pacer.refused()
+    pacer.observe("batch", "vllm", None, "no_backend")
     assert step(pacer, clock) == 4
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from router.batch.lines import TOKEN_HEADER
 from router.config.model import ConfigError
 from router.config.parse import parse_config
 from tests.router.harness import base_config
@@ -66,7 +65,7 @@ def test_a_key_that_cannot_be_had_is_an_error(
 
 CREDENTIAL_HEADERS = (
     "Authorization", "proxy-authorization", "cookie", "Set-Cookie", "api-key", "x-api-key",
-    TOKEN_HEADER, "x-goog-api-key", "ocp-apim-subscription-key", "x-auth-token",
+    "x-session-token", "x-goog-api-key", "ocp-apim-subscription-key", "x-auth-token",
     "x-amz-security-token", "x-amzn-oidc-accesstoken", "x-csrf-token", "x-client-secret",
     "x-admin-password", "x-forwarded-authorization",
 )  # fmt: skip
