@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from policies.affinity import affinity_key, home
 from policies.params import BuildContext
@@ -133,6 +134,8 @@ class AdaptivePolicy:
     ``Decision.scores`` holds each backend's predicted TTFT for this request, in seconds
     (lower is better), for the debugging endpoints.
     """
+
+    reads_prefix: ClassVar[bool] = True
 
     name: str
     settings: AdaptiveSettings
@@ -445,7 +448,7 @@ def _spill(p: Reader) -> SpillSettings:
 
 
 def make_adaptive(name: str, p: Reader, ctx: BuildContext) -> AdaptivePolicy:
-    """Build ``adaptive`` from its params (documented in the README's policy guide)."""
+    """Build ``adaptive`` from its params (documented in docs/policies.md, `adaptive`)."""
     slo_params = p.child("slo")
     slo: dict[RequestClass, Slo] = {}
     for cls, default in _DEFAULT_SLO:

@@ -86,6 +86,16 @@ class Policy(Protocol):
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None: ...
 
 
+def reads_prefix(policy: object) -> bool:
+    """Whether ``policy`` reads a request's prompt prefix (``RequestInfo.prefix_hash`` and
+    ``prefix_blocks``), which the router then hashes for it (else it leaves them empty).
+
+    A policy says so with a ``reads_prefix`` attribute; one that does not say is taken to
+    read it. A pipeline's is its plugins': those that read it say ``reads_prefix = True``.
+    """
+    return bool(getattr(policy, "reads_prefix", True))
+
+
 @runtime_checkable
 class ReportsError(Protocol):
     """A policy that predicts per backend and measures how wrong it was (exported as a

@@ -79,6 +79,8 @@ class PipelinePolicy:
     """Configured type name of ``picker`` (as ``filter_types``)."""
     learners: tuple[Learner, ...] = field(init=False)
     committers: tuple[Commits, ...] = field(init=False)
+    reads_prefix: bool = field(init=False)
+    """A plugin reads the prompt's prefix (see :func:`policies.base.reads_prefix`)."""
     _filter_runs: tuple[_FilterRun, ...] = field(init=False)
     _scorer_runs: tuple[tuple[Scorer, float, _Timer], ...] = field(init=False)
     _pick_timer: _Timer = field(init=False)
@@ -87,6 +89,7 @@ class PipelinePolicy:
         plugins: list[object] = [*self.filters, *(s for s, _ in self.scorers), self.picker]
         self.learners = tuple(p for p in plugins if isinstance(p, Learner))
         self.committers = tuple(p for p in plugins if isinstance(p, Commits))
+        self.reads_prefix = any(getattr(p, "reads_prefix", False) for p in plugins)
         name, obs = self.name, self.observer
         self._filter_runs = tuple(
             (

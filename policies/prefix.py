@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from policies.base import Filter, Scorer
 from policies.params import BuildContext
@@ -208,6 +209,8 @@ class CacheAwareScorer:
     sent, and records where requests were served (so it learns of a placement when the
     request finishes)."""
 
+    reads_prefix: ClassVar[bool] = True
+
     index: PrefixIndex
     max_imbalance: int | None = DEFAULT_IMBALANCE
 
@@ -258,6 +261,8 @@ class CacheAwarePolicy:
 
     ``Decision.scores`` holds each backend's share of the prompt's blocks it probably holds.
     """
+
+    reads_prefix: ClassVar[bool] = True
 
     name: str
     index: PrefixIndex

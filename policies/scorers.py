@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from policies.affinity import affinity_key, home
 from policies.base import Scorer
@@ -83,6 +84,8 @@ class SessionAffinityScorer:
 
     Requests without a session key or prefix hash get no preference (all 0).
     """
+
+    reads_prefix: ClassVar[bool] = True
 
     load_bound: float
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from turnout.common.figures import meets
+
 RequestClass = Literal["interactive", "batch"]
 # tokenize and detokenize never reach a policy (router.proxy.utility); they name a lease's request.
 Endpoint = Literal["chat", "completions", "embeddings", "responses", "tokenize", "detokenize"]
@@ -160,6 +162,4 @@ class Slo:
         For a non-streamed response ``ttft_s`` is the whole response time, so it is judged
         against the TTFT target as a whole.
         """
-        if not outcome.ok or outcome.ttft_s is None or outcome.ttft_s > self.ttft_s:
-            return False
-        return outcome.tpot_s is None or outcome.tpot_s <= self.tpot_s
+        return meets(outcome.ok, outcome.ttft_s, outcome.tpot_s, self.ttft_s, self.tpot_s)

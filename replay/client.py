@@ -15,6 +15,7 @@ import orjson
 
 from replay.sources import RESPONSES_URL
 from turnout.common.capture import CaptureRecord
+from turnout.common.figures import per_token
 from turnout.common.sse import StreamMeter
 
 DEFAULT_CLASS = "default"
@@ -63,10 +64,9 @@ class Result:
         Also None for a non-streamed answer: its first byte is its last, so the formula
         would give 0 and drag every TPOT mean down.
         """
-        n = self.output_tokens / self.choices  # per choice: they decode side by side
-        if not self.stream or self.ttft is None or self.e2e is None or n < 2:
+        if not self.stream:
             return None
-        return (self.e2e - self.ttft) / (n - 1)
+        return per_token(self.ttft, self.e2e, self.output_tokens, self.choices)
 
 
 def request_class(rec: CaptureRecord) -> str:
@@ -132,7 +132,7 @@ def _choice_text(doc: Any) -> str:
     return ""
 
 
-class Client:
+class TargetClient:
     """Sends requests to one target; ``policy`` goes out as ``X-Turnout-Policy``."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """One replay session: the file run once per policy against a target, results and report.
 
 Wires the pieces: :class:`~replay.sources.Source` -> :class:`~replay.plan.Plan` ->
-:class:`~replay.runner.Runner` -> :class:`~replay.client.Client` -> ``RunReport`` (and the
+:class:`~replay.runner.Runner` -> :class:`~replay.client.TargetClient` -> ``RunReport`` (and the
 ``--results`` file), after :func:`~replay.preflight.check_target` found the target ready.
 Two runs or more replay the schedule in interleaved stretches after a warm-up
 (:mod:`replay.order`). The progress line and the prompt synthesizer's calibration live here.
@@ -21,7 +21,7 @@ from typing import IO, Any
 import aiohttp
 import orjson
 
-from replay.client import Client, Result, encode_body
+from replay.client import Result, TargetClient, encode_body
 from replay.compare import AA_SUFFIX
 from replay.order import (
     WARMUP,
@@ -267,9 +267,9 @@ class Replayer:
         answer."""
         o = self.opts
         synth, report, conversations = run.synth, run.report, run.conversations
-        client = Client(session, o.target, policy=run.policy, clock=self.clock)
+        client = TargetClient(session, o.target, policy=run.policy, clock=self.clock)
         shadow = (
-            Client(session, o.shadow_target, policy=run.policy, clock=self.clock)
+            TargetClient(session, o.shadow_target, policy=run.policy, clock=self.clock)
             if o.shadow_target
             else None
         )

@@ -22,6 +22,7 @@ from typing import Any
 from replay.client import Result
 from replay.cost import backend_key
 from replay.stats import Column
+from turnout.common.figures import meets
 
 STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 TARGET_WINDOWS = 60
@@ -85,11 +86,7 @@ class Timeline:
         targets = self.slo.get(r.request_class)
         if targets is None:
             return None
-        ttft_s, tpot_s = targets
-        if not r.ok or r.ttft is None or r.ttft > ttft_s:
-            return False
-        tpot = r.tpot
-        return tpot is None or tpot <= tpot_s
+        return meets(r.ok, r.ttft, r.tpot, *targets)
 
     def _index(self, t: float) -> int:
         return min(max(int(t / self._step), 0), MAX_WINDOWS - 1)

@@ -17,10 +17,8 @@ the router runs as emulator children, and the ``health``, ``capture``, ``limits`
 them is refused, as is a new ``listen.max_body_bytes``; ``listen.host``/``port`` stay as
 running (the socket is already bound).
 
-Graceful shutdown itself needs no code here: the runner is built with
-``shutdown_timeout = shutdown.drain_seconds``, so on SIGTERM aiohttp closes the listening
-socket and idle connections, lets running handlers finish for up to that long, then cancels
-them; the app's cleanup then flushes the capture.
+Shutdown is not a reload's: SIGTERM's drain is router.proxy.drain's (open requests run to
+``shutdown.drain_seconds``, then each is cut with an error its client can read).
 """
 
 from __future__ import annotations

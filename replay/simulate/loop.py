@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.rank import Sequence
-from policies.base import Policy
+from policies.base import Policy, reads_prefix
 from policies.types import Outcome
 from replay.client import Result
 from replay.plan import Planned
@@ -38,6 +38,7 @@ from replay.sources import Item
 from router.backends.pool import BackendLease
 from router.control.admission import WaitQueues
 from router.control.plan import Plan, Refusal, first_free, plan
+from turnout.common.figures import first_token, per_token
 
 SESSIONS = 100_000
 """Conversations remembered at once (the least recently continued idle one goes first)."""
@@ -118,6 +119,7 @@ class Simulation:
         self.events = 0
         """Router moments (arrivals and scrapes) simulated."""
         self._closed_loop = closed_loop
+        self._prefix = reads_prefix(policy)
 
     def follow(self, planned: Planned) -> None:
         """Schedule a closed-loop source's next request (from ``on_result``, at or after the
@@ -219,7 +221,14 @@ class Simulation:
             s.busy = True
             prev = s.last
         try:
-            routed = understand(item, self._model, world.config.classification, self.prompts, prev)
+            routed = understand(
+                item,
+                self._model,
+                world.config.classification,
+                self.prompts,
+                prev,
+                prefix=self._prefix,
+            )
         except Refused as e:
             self._refused(item, routed, e, now)
             return
@@ -335,9 +344,9 @@ class Simulation:
         e2e = now - f.sent
         gaps = f.chunks - 1
         itls = [(now - first) / gaps] * gaps if info.stream and gaps > 0 else []
-        ttft = first - f.sent if info.stream else e2e
+        ttft = first_token(info.stream, first - f.sent, e2e)
         n = seq.generated
-        tpot = (e2e - ttft) / (n - 1) if info.stream and n > 1 else None
+        tpot = per_token(ttft, e2e, n, info.choices) if info.stream else None
         name = f.backend.state.name
         self.policy.on_finish(info, name, Outcome(200, True, seq.prompt_tokens, n, ttft, e2e, tpot))
         r = Result(

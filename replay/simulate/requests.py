@@ -91,9 +91,12 @@ def understand(
     settings: ClassificationSettings,
     prompts: Prompts,
     prev: SimTurn | None = None,
+    *,
+    prefix: bool = True,
 ) -> Routed:
     """What the router's classifier makes of ``item`` (the next turn after ``prev``, if
-    given: see :mod:`replay.sessions`); raises :class:`Refused` (400/404)."""
+    given: see :mod:`replay.sessions`); raises :class:`Refused` (400/404). ``prefix``: the
+    policy reads the prompt's prefix, so it is hashed (as the router's classifier does)."""
     rec = item.record
     endpoint = ENDPOINTS.get(rec.url)
     if endpoint is None:
@@ -117,6 +120,7 @@ def understand(
                 key_class=None,
                 session_key=session,
                 settings=settings,
+                prefix=prefix,
             )
         except RouterError as e:
             raise Refused(e.status, e.message) from None
@@ -145,8 +149,8 @@ def understand(
         prompt_tokens=size,
         max_tokens=budget if isinstance(budget, int) else None,
         session_key=session,
-        prefix_hash=prefix_hash,
-        prefix_blocks=chain(list(pieces)),
+        prefix_hash=prefix_hash if prefix else None,
+        prefix_blocks=chain(list(pieces)) if prefix else (),
     )
     try:
         cls = choose_class(info, body, header, None, settings)

@@ -10,7 +10,7 @@ it allows:
   periods), then by a tenth, at least one line (additive increase);
 - halves (multiplicative decrease, not below ``min_concurrency``) when it does not, and when
   the service failed a batch request in the period (a reason of
-  router.observe.metrics.FAILURES: the batch pool full, no backend, an engine's error or
+  router.observe.outcomes.FAILURES: the batch pool full, no backend, an engine's error or
   timeout), which says the shared engines are pressed. A request refused for what its
   tenant did (its own quota, an invalid body) is no such sign: the executor holds back that
   tenant's lines alone (router.batch.executor), and the window stays.
@@ -34,7 +34,7 @@ import time
 from collections import deque
 
 from router.config.model import BatchSettings
-from router.observe.metrics import FAILURES
+from router.observe.outcomes import FAILURES
 
 PERIOD = 1.0
 """Seconds between two adjustments."""

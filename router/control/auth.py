@@ -65,7 +65,7 @@ class Tenant:
         return configured is None or self.spec.allow_overrides
 
 
-class Lease:
+class QuotaHold:
     """An admitted request's hold on its quota; :meth:`release` exactly once."""
 
     __slots__ = ("_ceiling", "_charged", "_limits", "_quota", "_store")
@@ -247,7 +247,7 @@ class Gate:
 
     async def admit(
         self, tenant: Tenant | None, info: RequestInfo, context_tokens: int
-    ) -> Lease | None:
+    ) -> QuotaHold | None:
         """Check the caller's model list and limits; take a slot and charge the buckets.
 
         The charge is the request's budget (prompt plus output of every choice), never more
@@ -272,18 +272,20 @@ class Gate:
             charge = min(charge, found[1].tokens_per_minute)
         return await self._reserve(found, charge, ceiling)
 
-    async def admit_call(self, tenant: Tenant | None) -> Lease | None:
+    async def admit_call(self, tenant: Tenant | None) -> QuotaHold | None:
         """:meth:`admit` for a call that names no model and spends no tokens (the Batch
         API's): one of the caller's requests per minute and a concurrency slot, or 429."""
         found = self._quota(tenant)
         return None if found is None else await self._reserve(found, 0, 0)
 
-    async def _reserve(self, found: tuple[str, Limits, str], charge: int, ceiling: int) -> Lease:
+    async def _reserve(
+        self, found: tuple[str, Limits, str], charge: int, ceiling: int
+    ) -> QuotaHold:
         quota, limits, who = found
         got = await self.store.reserve(quota, limits, charge)
         if isinstance(got, Refusal):
             raise _refused(who, got)
-        return Lease(got, quota, limits, charge, ceiling)
+        return QuotaHold(got, quota, limits, charge, ceiling)
 
 
 def _resolve(spec: ApiKeySpec) -> bytes | None:

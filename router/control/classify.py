@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -177,9 +177,12 @@ def classify(
     key_class: RequestClass | None,
     session_key: str | None,
     settings: ClassificationSettings,
+    prefix: bool = True,
 ) -> Parsed:
     """Parse ``body`` and build its :class:`RequestInfo`; raises 400 on a bad body or class
-    header. Pure and synchronous, so the handler may run it in a worker thread."""
+    header. Pure and synchronous, so the handler may run it in a worker thread. ``prefix``:
+    the policy reads the prompt's prefix (``prefix_hash``, ``prefix_blocks``), so it is
+    hashed; otherwise it is not (:func:`with_prefix` hashes it later)."""
     doc = parse_body(body, endpoint)
     stream = bool(doc.get("stream", False))
     max_tokens = doc.get("max_completion_tokens")
@@ -188,7 +191,7 @@ def classify(
     if max_tokens is None:
         max_tokens = doc.get("max_output_tokens")  # the Responses API's name
     tokens = prompt_tokens(doc, endpoint)
-    text = prompt_text(doc, endpoint)
+    text = prompt_text(doc, endpoint) if prefix else ""
     facts = RuleFacts(endpoint, stream, max_tokens, tokens)
     info = RequestInfo(
         request_id=request_id,
@@ -199,12 +202,26 @@ def classify(
         prompt_tokens=tokens,
         max_tokens=max_tokens,
         session_key=session_key,
-        prefix_hash=zlib.crc32(text[:_PREFIX_CHARS].encode()) if text else None,
+        prefix_hash=_prefix_hash(text),
         prefix_blocks=prompt_blocks(text),
         choices=doc.get("n") or 1,
     )
     opts = doc.get("stream_options") or {}
     return Parsed(info=info, doc=doc, include_usage=bool(opts.get("include_usage")))
+
+
+def with_prefix(parsed: Parsed) -> RequestInfo:
+    """``parsed``'s info with its prompt's prefix hashed (when :func:`classify` did not)."""
+    info = parsed.info
+    if info.prefix_hash is not None:
+        return info
+    text = prompt_text(parsed.doc, info.endpoint)
+    return replace(info, prefix_hash=_prefix_hash(text), prefix_blocks=prompt_blocks(text))
+
+
+def _prefix_hash(text: str) -> int | None:
+    """The affinity hash of a prompt's first characters (None: no text)."""
+    return zlib.crc32(text[:_PREFIX_CHARS].encode()) if text else None
 
 
 def choose_class(

@@ -1,6 +1,7 @@
 """The one metrics facade: it owns its CollectorRegistry (tests build a fresh one each).
 
-Names and labels are INTERFACES.md's table. Request and session ids never become labels.
+Names and labels are docs/router.md's tables (Metrics). Request and session ids never become
+labels.
 Everything here is called once per request (or per probe), never per streamed chunk. It is
 also the policies' :class:`~policies.base.PipelineObserver`: a pipeline policy binds one
 series per plugin when it is built, and per request only observes (a sample) into it.
@@ -25,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from policies.types import REQUEST_CLASSES
+from router.observe.outcomes import EARLY_REJECTIONS, LATE_REJECTIONS
 
 # Fine enough to read a P95 TTFT anywhere from 1 ms to 60 s.
 TTFT_BUCKETS = (
@@ -54,33 +56,6 @@ CAPTURE_DROP_REASONS = (
     "queue_full", "queue_bytes", "not_running", "sink_gone", "unencodable", "error",
 )  # fmt: skip
 """Why the capture writer (router.observe.capture) may not write a request."""
-
-REQUEST_REASONS = (
-    "ok", "client_closed", "auth", "quota", "overloaded", "too_large", "invalid",
-    "client_timeout", "unknown_model", "no_backend", "internal", "upstream_rejected",
-    "upstream_error", "upstream_unreachable", "upstream_timeout", "upstream_broken",
-    "shutting_down",
-)  # fmt: skip
-"""The ``reason`` of ``turnout_requests_total``: ``ok`` (a backend's 2xx answer served
-whole, the only outcome the latency histograms observe), the router's own rejections, and
-what went wrong upstream. A fixed set, so the label's cardinality is bounded."""
-
-FAILURES = frozenset({"overloaded", "no_backend", "internal", "upstream_error",
-                      "upstream_unreachable", "upstream_timeout", "upstream_broken"})  # fmt: skip
-"""The reasons the service failed a request (the dashboard's error ratio, the availability
-alerts, an error span); the others are the client's doing, or a drain."""
-
-# The router's own rejections, with the status each answers, exported at 0 for every policy:
-# those before classification under class ``unknown``, the others under each class.
-_EARLY_REJECTIONS = (
-    ("auth", 401), ("invalid", 400), ("invalid", 415), ("client_timeout", 408),
-    ("too_large", 413), ("client_closed", 499),
-)  # fmt: skip
-_LATE_REJECTIONS = (
-    ("auth", 403), ("quota", 429), ("overloaded", 429), ("unknown_model", 404),
-    ("no_backend", 503), ("internal", 500), ("client_closed", 499),
-)  # fmt: skip
-
 
 _M = TypeVar("_M", Counter, Histogram)
 
@@ -340,10 +315,10 @@ class Metrics:
     def policy_known(self, policy: str) -> None:
         """Export ``policy``'s series of the router's own rejections at 0 (Prometheus' advice
         for known label values: rate() and alerts see a series before its first increment)."""
-        for reason, code in _EARLY_REJECTIONS:
+        for reason, code in EARLY_REJECTIONS:
             self._requests.labels(policy, "none", "unknown", str(code), reason)
         for cls in REQUEST_CLASSES:
-            for reason, code in _LATE_REJECTIONS:
+            for reason, code in LATE_REJECTIONS:
                 self._requests.labels(policy, "none", cls, str(code), reason)
 
     def request_done(
@@ -362,7 +337,7 @@ class Metrics:
     ) -> None:
         """Record one finished request (backend ``none`` when no backend answered).
 
-        ``reason``: one of :data:`REQUEST_REASONS`. The caller passes latencies only for a
+        ``reason``: one of router.observe.outcomes' reasons. The caller passes latencies only for a
         served request (``ok``), so that rejections and failures never skew the histograms.
         """
         labels = (policy, backend, request_class)
@@ -427,7 +402,7 @@ class Metrics:
 
     def protocol_errors(self, backend: str, kind: str, count: int = 1) -> None:
         """Count what ``backend`` got wrong in one answer (kinds:
-        turnout.common.outcome.PROTOCOL_ERRORS, ``body_too_large``, ``bad_error_body``, the
+        turnout.common.answer_fields.PROTOCOL_ERRORS, ``body_too_large``, ``bad_error_body``, the
         response heads router.proxy.connection refuses, ``bad_status`` and ``bad_interim``, and
         those router.proxy.upstream does not relay, ``redirect`` and ``bad_encoding``)."""
         self._protocol_errors.labels(backend, kind).inc(count)

@@ -21,12 +21,12 @@ from policies.base import Policy
 from policies.types import Outcome, RequestInfo
 from router.control.admission import QueueRejected
 from router.control.auth import STORE_DOWN_CODE
-from router.observe.metrics import FAILURES
+from router.observe.outcomes import ANSWERED, FAILURES, REJECTED, Reason, answer_reason
 from router.observe.tracing import NO_TRACE, Ending, RequestTrace
 from router.proxy.drain import CODE as DRAIN_CODE
 from router.proxy.relay import CLIENT_CLOSED
 from router.proxy.state import RouterState, Snapshot
-from router.proxy.upstream import UpstreamFault, answer_reason
+from router.proxy.upstream import UpstreamFault
 from router.server.errors import RouterError
 from turnout.common.capture import CaptureRecord, Observed, Response, Route, iso_utc
 from turnout.common.sse import StreamFigures, StreamMeter
@@ -38,24 +38,11 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-_ANSWERED = frozenset({"ok", "client_closed", "upstream_broken"})  # a 2xx answer had begun
 _MAX_MODEL = 200  # characters of a (client-given) model name in an access line
-# The reason of a rejection the router itself answered, by its status (see REQUEST_REASONS).
-_REJECTED = {
-    400: "invalid",
-    401: "auth",
-    403: "auth",
-    404: "unknown_model",
-    408: "client_timeout",
-    413: "too_large",
-    415: "invalid",
-    429: "quota",
-    503: "no_backend",
-}
 
 
-def rejection_reason(exc: RouterError) -> str:
-    """Why the router answered ``exc`` (a reason of router.observe.metrics.REQUEST_REASONS)."""
+def rejection_reason(exc: RouterError) -> Reason:
+    """Why the router answered ``exc``."""
     if isinstance(exc, UpstreamFault):
         return exc.reason
     if exc.code == DRAIN_CODE:
@@ -64,7 +51,7 @@ def rejection_reason(exc: RouterError) -> str:
         return "overloaded"
     if exc.code == STORE_DOWN_CODE:  # limits that could not be checked (on_error: deny)
         return "quota"
-    return _REJECTED.get(exc.status, "internal")
+    return REJECTED.get(exc.status, "internal")
 
 
 @dataclass(slots=True)
@@ -95,10 +82,10 @@ class Exchange:
     protocol_error: str | None = None
     """What the router found wrong with the backend's answer itself, as a kind of
     ``turnout_upstream_protocol_errors_total`` (the meter counts what it finds)."""
-    reason: str | None = None
-    trace: RequestTrace = NO_TRACE
-    """Why the request was not served, when the handler knows (else :meth:`outcome` works it
+    reason: Reason | None = None
+    """Why the request was not served, when the handler knows (else :meth:`final_reason` works it
     out from the status and the error)."""
+    trace: RequestTrace = NO_TRACE
     _figures: StreamFigures | None = field(default=None, repr=False)
 
     @property
@@ -117,7 +104,7 @@ class Exchange:
         self.error = {"message": exc.message, "code": exc.code}
         self.reason = rejection_reason(exc)
 
-    def outcome(self) -> str:
+    def final_reason(self) -> Reason:
         """The request's reason for ``turnout_requests_total``: ``ok`` only for a backend's
         2xx answer served whole."""
         if self.reason is not None:
@@ -178,7 +165,7 @@ class Exchange:
         policy = self.policy
         backend = self.backend or "none"
         cls = self.request_class
-        reason = self.reason = self.outcome()
+        reason = self.reason = self.final_reason()
         served = reason == "ok"  # the latency histograms are the service's, nothing else's
         state.metrics.request_done(
             policy.name,
@@ -195,7 +182,7 @@ class Exchange:
         for watch in state.on_finish:
             watch(cls, backend, ttft, reason)
         # A TTFT is the first token of an answer, not of an engine's error body.
-        first = ttft if reason in _ANSWERED else None
+        first = ttft if reason in ANSWERED else None
         if state.access_log.wanted(snap.config.access_log):
             state.access_log.write(self._access_line(cls, reason, first, e2e, prompt, output))
         if self.trace.recording:

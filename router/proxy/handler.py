@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-from policies.base import Policy
+from policies.base import Policy, reads_prefix
 from policies.types import Endpoint, RequestInfo
-from router.control.auth import Lease, Tenant
+from router.control.auth import QuotaHold, Tenant
 from router.control.classify import Parsed, classify
 from router.control.plan import Plan, Refusal, plan
+from router.observe.outcomes import answer_reason
 from router.proxy.body import OFFLOAD_BYTES, asks_usage, upstream_body
 from router.proxy.drain import Ticket, shutting_down
 from router.proxy.exchange import Exchange
@@ -29,7 +30,6 @@ from router.proxy.upstream import (
     Target,
     UpstreamFailed,
     UpstreamFault,
-    answer_reason,
     open_upstream,
 )
 from router.server.answer import Answer, Client
@@ -69,7 +69,7 @@ async def handle(
     ex.trace = trace = state.tracing.begin(headers, request.method, request.path, rid, now)
     extra = {"X-Request-Id": rid, "X-Turnout-Policy": default.name}
     opened: Opened | None = None
-    lease: Lease | None = None
+    hold: QuotaHold | None = None
     ticket: Ticket | None = None
     try:
         ticket = state.drain.enter()
@@ -89,6 +89,7 @@ async def handle(
             key_class=tenant.spec.request_class if tenant is not None else None,
             session_key=headers.get("X-Session-Id"),
             settings=config.classification,
+            prefix=reads_prefix(policy),
         )
         # In a thread, the event loop still gets its turns (every switch interval) meanwhile.
         big = len(ex.body) > OFFLOAD_BYTES
@@ -99,7 +100,7 @@ async def handle(
         extra["X-Turnout-Class"] = info.request_class
         # Within the configured bounds: a backend must not set what its answers cost.
         context = limits.context_tokens(state.pool.context_tokens(info.model))
-        lease = await snap.gate.admit(tenant, info, context)
+        hold = await snap.gate.admit(tenant, info, context)
         add_usage = _router_asks_usage(parsed)
         t = time.monotonic()
         planned = _planned(state, policy, info, config.failover.max_attempts)
@@ -195,8 +196,8 @@ async def handle(
             state.connections.release(opened.conn)
             opened.lease.release()
         state.admission.release()  # a slot may have freed up (here or in a failed attempt)
-        if lease is not None:
-            lease.release(ex.settlement(lease.charged, opened.head.status if opened else None))
+        if hold is not None:
+            hold.release(ex.settlement(hold.charged, opened.head.status if opened else None))
         ex.finish(state, snap)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDict
 
+from router.observe.outcomes import Reason
 from router.proxy.body import OFFLOAD_BYTES
 from router.proxy.connection import BodyTooLarge, Connection, ProtocolError, UpstreamError
 from router.proxy.drain import CODE, ShuttingDown, shutting_down
@@ -258,8 +259,8 @@ def failed_answer(last: Failure, extra: Mapping[str, str]) -> tuple[Answer, Upst
         )
     elif last.status is None:
         timeout = last.timeout
-        code = "upstream_timeout" if timeout else "upstream_unreachable"
-        fault = UpstreamFault(504 if timeout else 502, last.message, code=code, reason=code)
+        reason: Reason = "upstream_timeout" if timeout else "upstream_unreachable"
+        fault = UpstreamFault(504 if timeout else 502, last.message, code=reason, reason=reason)
     else:
         fault = replacement_error(last.status, last.body or b"", last.backend)
         if fault is None:

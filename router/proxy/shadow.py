@@ -22,11 +22,11 @@ from dataclasses import replace
 
 import aiohttp
 
-from policies.base import Policy
+from policies.base import Policy, reads_prefix
 from policies.types import Endpoint, Outcome, RequestInfo
 from router.backends.pool import BackendState, Pool
 from router.config.model import LimitSettings, ShadowSettings
-from router.control.classify import Parsed
+from router.control.classify import Parsed, with_prefix
 from router.observe.metrics import Metrics
 from router.proxy.body import asks_usage, upstream_body
 from turnout.common.sse import StreamMeter
@@ -78,8 +78,10 @@ class Shadows:
         if self._open[policy] >= s.max_concurrency:
             self._metrics.shadow_dropped(policy)
             return
-        shadow_info = replace(info, request_id=f"{info.request_id}-shadow")
         shadow_policy = policies.get(s.policy) if s.policy is not None else None
+        if shadow_policy is not None and reads_prefix(shadow_policy):
+            info = with_prefix(parsed)  # the served policy may not have needed it hashed
+        shadow_info = replace(info, request_id=f"{info.request_id}-shadow")
         backend = self._target(s, shadow_info, shadow_policy)
         model = None if backend is None else self._pool.upstream_model(backend, info.model)
         if backend is None or model is None:

@@ -35,6 +35,7 @@ from policies.types import RequestInfo
 from router.backends.pool import BackendLease, BackendState
 from router.config.model import AdmissionSettings, ClassTimeouts, FailoverSettings
 from router.control.admission import Admission
+from router.observe.outcomes import Reason, answer_reason
 from router.observe.tracing import NO_TRACE, RequestTrace
 from router.proxy.connection import (
     Connection,
@@ -74,18 +75,12 @@ class UpstreamFault(RouterError):
         code: str,
         kind: str | None = None,
         failed: bool = True,
-        reason: str = "upstream_error",
+        reason: Reason = "upstream_error",
     ) -> None:
         super().__init__(status, message, code=code)
         self.kind = kind
         self.failed = failed
         self.reason = reason
-
-
-def answer_reason(status: int) -> str:
-    """The outcome of an engine's error answer: its own failure (5xx, or 429: busy), or the
-    request's fault it saw (any other 4xx)."""
-    return "upstream_error" if status >= 500 or status == 429 else "upstream_rejected"
 
 
 def replacement_error(status: int, body: bytes, backend: str) -> UpstreamFault | None:

@@ -19,7 +19,7 @@ from typing import Any
 from policies.types import Endpoint, RequestInfo
 from router.backends.pool import BackendState
 from router.config.model import RouterConfig
-from router.control.auth import Lease
+from router.control.auth import QuotaHold
 from router.control.classify import parse_object
 from router.proxy.body import upstream_body
 from router.proxy.relay import failed_answer, relay
@@ -37,7 +37,7 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
     """Answer one ``/tokenize`` or ``/detokenize`` request with a backend's answer."""
     rid = request_id(request.headers.get("X-Request-Id"))
     extra = {"X-Request-Id": rid}
-    lease: Lease | None = None
+    hold: QuotaHold | None = None
     snap = state.snapshot  # once, as the request path does (router.proxy.handler)
     config = snap.config
     try:
@@ -51,13 +51,13 @@ async def forward(request: Client, state: RouterState, endpoint: Endpoint) -> An
             message = "this API key may use only some models: name one in 'model'"
             raise RouterError(403, message, "model", "model_not_allowed")
         info = RequestInfo(rid, endpoint, model or "", "interactive", max_tokens=0)
-        lease = await gate.admit(tenant, info, 0)  # its model list and limits; charged nothing
+        hold = await gate.admit(tenant, info, 0)  # its model list and limits; charged nothing
         return await _forwarded(request, state, config, info, raw, doc, extra)
     except RouterError as exc:
         return error_answer(exc, extra)
     finally:
-        if lease is not None:
-            lease.release(0)
+        if hold is not None:
+            hold.release(0)
 
 
 async def _forwarded(

@@ -131,7 +131,7 @@ def handler_options(limits: LimitSettings) -> dict[str, Any]:
     }
 
 
-class Opened:
+class OpenConnections:
     """The number of connections one site has open."""
 
     def __init__(self) -> None:
@@ -212,7 +212,7 @@ class GuardedHandler(RequestHandler):
     __slots__ = ("_open", "_write_timeout", "flow")
 
     def __init__(
-        self, manager: Server, *, opened: Opened, write_timeout: float, **kwargs: Any
+        self, manager: Server, *, opened: OpenConnections, write_timeout: float, **kwargs: Any
     ) -> None:
         super().__init__(manager, **kwargs)
         self._open = opened
@@ -342,14 +342,14 @@ class GuardedSite(web.SockSite):
         options: dict[str, Any],
         *,
         backlog: int,
-        opened: Opened | None = None,
+        opened: OpenConnections | None = None,
         cap: Cap | None = None,
     ) -> None:
         """``cap``: the connection cap (default: ``limits.max_connections``)."""
         super().__init__(runner, sock, backlog=backlog)
         self._limits = limits
         self._options = options
-        self.opened = opened if opened is not None else Opened()
+        self.opened = opened if opened is not None else OpenConnections()
         self.cap = cap if cap is not None else Cap(limits.max_connections)
 
     async def start(self) -> None:

@@ -50,7 +50,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from router.config.model import LimitSettings
 from router.server.answer import Answer, Chunked, FlowControl, Serve
 from router.server.errors import SERVER
-from router.server.site import GuardedSite, Opened, check_media, too_large, too_slow
+from router.server.site import GuardedSite, OpenConnections, check_media, too_large, too_slow
 
 log = logging.getLogger("router")
 # Headers whose presence sends a request to aiohttp (see the module docstring).
@@ -78,7 +78,7 @@ class _Date:
         return self._value
 
 
-class Connections(Opened):
+class Connections(OpenConnections):
     """The open connections of one site (aiohttp's are counted too: the cap counts them all);
     the lean ones are held, for the drain to close, with the ``Date`` their answers carry."""
 

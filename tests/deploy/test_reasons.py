@@ -8,8 +8,7 @@ import re
 
 import yaml
 
-from router.observe.metrics import FAILURES, REQUEST_REASONS
-from router.proxy.exchange import _REJECTED
+from router.observe.outcomes import FAILURES, REJECTED, REQUEST_REASONS
 from tests.procs import ROOT
 
 DOC = (ROOT / "docs/router.md").read_text(encoding="utf-8")
@@ -26,7 +25,7 @@ def test_the_reason_table_documents_every_reason_once() -> None:
 
 
 def test_rejections_and_failures_are_known_reasons() -> None:
-    assert set(_REJECTED.values()) <= set(REQUEST_REASONS)
+    assert set(REJECTED.values()) <= set(REQUEST_REASONS)
     assert set(REQUEST_REASONS) >= FAILURES and "ok" not in FAILURES
 
 

@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.common.sse_spec import Recorder, spec_events
-from turnout.common.outcome import MAX_USAGE_TOKENS, PROTOCOL_ERRORS
+from turnout.common.answer_fields import MAX_USAGE_TOKENS, PROTOCOL_ERRORS
 from turnout.common.sse import MAX_EVENT_SIZE, StreamMeter
 
 

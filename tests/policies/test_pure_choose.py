@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.base import Policy
+from policies.base import Policy, reads_prefix
 from policies.registry import BackendInfo, build_policy
 from policies.testing import make_candidate as cand
 from policies.testing import make_request
@@ -80,3 +80,19 @@ def test_cache_aware_learns_the_placement_when_committed() -> None:
     decision = policy.choose(req, snapshot())
     policy.committed(req, decision, "deepinfer")
     assert policy.choose(req, snapshot()).scores["deepinfer"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kind", "reads"),
+    [
+        ("round-robin", False),
+        ("class-split", False),
+        ("least-outstanding", False),
+        ("cache-aware", True),
+        ("adaptive", True),
+        ("pipeline", True),  # its cache-aware scorer
+    ],
+)
+def test_a_policy_says_whether_it_reads_the_prompt_prefix(kind: str, reads: bool) -> None:
+    """The router hashes a prompt's prefix only for a policy that reads it."""
+    assert reads_prefix(build_policy("p", kind, BUILT[kind], BACKENDS)) is reads

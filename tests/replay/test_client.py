@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from replay.client import Client, encode_body
+from replay.client import TargetClient, encode_body
 from tests.replay.served import served
 from turnout.common.capture import CaptureRecord
 
@@ -72,7 +72,7 @@ def _rec(url: str, **body: object) -> CaptureRecord:
 
 async def test_stream_is_measured(base: str) -> None:
     async with aiohttp.ClientSession() as s:
-        r = await Client(s, base, policy="p", clock=time.monotonic).send(
+        r = await TargetClient(s, base, policy="p", clock=time.monotonic).send(
             _rec("/v1/chat/completions"), b"{}", 0.001, keep_text=True
         )
     assert r.ok and r.status == 200 and r.stream
@@ -85,7 +85,7 @@ async def test_stream_is_measured(base: str) -> None:
 
 async def test_error_event_mid_stream_is_a_failure(base: str) -> None:
     async with aiohttp.ClientSession() as s:
-        r = await Client(s, base, policy=None, clock=time.monotonic).send(
+        r = await TargetClient(s, base, policy=None, clock=time.monotonic).send(
             _rec("/v1/broken"), b"{}", None
         )
     assert r.status == 200 and not r.ok
@@ -94,7 +94,7 @@ async def test_error_event_mid_stream_is_a_failure(base: str) -> None:
 
 async def test_http_error_keeps_the_openai_error(base: str) -> None:
     async with aiohttp.ClientSession() as s:
-        r = await Client(s, base, policy=None, clock=time.monotonic).send(
+        r = await TargetClient(s, base, policy=None, clock=time.monotonic).send(
             _rec("/v1/busy"), b"{}", None
         )
     assert r.status == 503 and not r.ok and r.ttft is None
@@ -104,7 +104,7 @@ async def test_http_error_keeps_the_openai_error(base: str) -> None:
 
 async def test_non_streamed_answer(base: str) -> None:
     async with aiohttp.ClientSession() as s:
-        r = await Client(s, base, policy=None, clock=time.monotonic).send(
+        r = await TargetClient(s, base, policy=None, clock=time.monotonic).send(
             _rec("/v1/completions"), b"{}", None, keep_text=True
         )
     assert r.ok and not r.stream and r.ttft == r.e2e
@@ -114,7 +114,7 @@ async def test_non_streamed_answer(base: str) -> None:
 
 async def test_refused_connection_is_a_failure_not_an_exception() -> None:
     async with aiohttp.ClientSession() as s:
-        r = await Client(s, "http://127.0.0.1:9", policy=None, clock=time.monotonic).send(
+        r = await TargetClient(s, "http://127.0.0.1:9", policy=None, clock=time.monotonic).send(
             _rec("/v1/completions"), b"{}", None
         )
     assert r.status == 0 and not r.ok

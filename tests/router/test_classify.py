@@ -9,7 +9,7 @@ import pytest
 
 from policies.types import Endpoint, RequestClass, RequestInfo
 from router.config.model import ClassificationSettings, Rule
-from router.control.classify import classify, parse_body
+from router.control.classify import classify, parse_body, with_prefix
 from router.server.errors import RouterError
 
 RULES = ClassificationSettings(
@@ -157,3 +157,15 @@ def test_bad_bodies_are_400_with_param(body: bytes, endpoint: Endpoint, param: s
         parse_body(body, endpoint)
     assert exc.value.status == 400
     assert exc.value.param == param
+
+
+def test_the_prefix_is_hashed_only_for_a_policy_that_reads_it() -> None:
+    body = orjson.dumps(chat(messages=[{"role": "user", "content": "x" * 2000}]))
+    args: dict[str, Any] = dict(
+        request_id="r", header_class=None, key_class=None, session_key=None, settings=RULES
+    )
+    hashed = classify(body, "chat", **args).info
+    assert hashed.prefix_hash is not None and len(hashed.prefix_blocks) == 7
+    lazy = classify(body, "chat", prefix=False, **args)
+    assert lazy.info.prefix_hash is None and lazy.info.prefix_blocks == ()
+    assert with_prefix(lazy) == hashed  # hashed later, as a shadow policy may need it

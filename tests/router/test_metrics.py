@@ -1,4 +1,4 @@
-"""The metrics facade: names and labels of INTERFACES.md, a registry of its own."""
+"""The metrics facade: names and labels of docs/router.md, a registry of its own."""
 
 from __future__ import annotations
 

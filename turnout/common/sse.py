@@ -29,7 +29,15 @@ from dataclasses import dataclass
 
 import orjson
 
-from turnout.common.outcome import BAD, JSON_WS, LAST_TYPES, Outcome, error_object, has_content
+from turnout.common.answer_fields import (
+    BAD,
+    JSON_WS,
+    LAST_TYPES,
+    AnswerFields,
+    error_object,
+    has_content,
+)
+from turnout.common.figures import per_token
 
 MAX_EVENT_SIZE = 1 << 20
 """Default for :class:`StreamMeter`'s ``max_event_size``: 1 MiB."""
@@ -132,15 +140,11 @@ class StreamFigures:
         """Mean time per output token after the first, per choice (None with fewer than two
         tokens a choice): ``n`` choices decode side by side, so the tokens are divided among
         them."""
-        if self.ttft is None or self.e2e is None:
-            return None
-        tokens = (self.completion_tokens or self.content_events) / self.choices
-        if tokens < 2:
-            return None
-        return (self.e2e - self.ttft) / (tokens - 1)
+        tokens = self.completion_tokens or self.content_events
+        return per_token(self.ttft, self.e2e, tokens, self.choices)
 
 
-class StreamMeter(Outcome):
+class StreamMeter(AnswerFields):
     """Feeds on raw SSE bytes in any split; remembers only what the figures need.
 
     Framing follows the WHATWG server-sent events parser: a line ends with CRLF, LF or CR
@@ -164,7 +168,7 @@ class StreamMeter(Outcome):
     (what was returned before is whole events, so that error event is received cleanly).
 
     **Untrusted.** What the events say is read and checked by
-    :class:`turnout.common.outcome.Outcome` (malformed fields are counted in
+    :class:`turnout.common.answer_fields.AnswerFields` (malformed fields are counted in
     :attr:`protocol_errors`, never raised). Counts are per event read (an event is read only
     if it may matter, so a malformed event after the first content that names none of those
     keys goes unnoticed, and unharmed).

@@ -1,10 +1,10 @@
 """What an OpenAI answer says about how it ended: finish reason, token usage, error.
 
-:class:`Outcome` reads parsed events of a stream (chat and completions chunks, the Responses
+:class:`AnswerFields` reads parsed events of a stream (chat and completions chunks, the Responses
 API's typed events) and whole non-streamed bodies, and keeps only those fields. Every field is
 checked, since the upstream is not trusted: one that is malformed is ignored and counted in
-:attr:`Outcome.protocol_errors`, never raised. :class:`turnout.common.sse.StreamMeter` builds on it,
-adding the framing of the byte stream and its timing.
+:attr:`AnswerFields.protocol_errors`, never raised. :class:`turnout.common.sse.StreamMeter`
+builds on it, adding the framing of the byte stream and its timing.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import orjson
 from turnout.common.tokens import count_text, message_text
 
 PROTOCOL_ERRORS = ("event_too_large", "bad_json", "bad_utf8", "bad_usage", "bad_finish_reason")
-"""The kinds :attr:`Outcome.protocol_errors` counts (the first is the framing's)."""
+"""The kinds :attr:`AnswerFields.protocol_errors` counts (the first is the framing's)."""
 
 MAX_USAGE_TOKENS = 100_000_000
 """Token counts above this (or negative, or not whole numbers) are ignored as ``bad_usage``."""
 
 JSON_WS = rb"[ \t\r\n]*"
 """JSON whitespace, for byte patterns over events."""
-BAD = object()  # what Outcome._parse returns for an event that is not JSON
+BAD = object()  # what AnswerFields._parse returns for an event that is not JSON
 _ERROR_START = re.compile(JSON_WS + rb"\{" + JSON_WS + rb'"error"')
 _DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
 # Responses API events that carry generated content, and those that end a stream.
@@ -40,7 +40,7 @@ _CONTENT_TYPES = frozenset(
 LAST_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
-class Outcome:
+class AnswerFields:
     """The finish reason, usage and error an answer reports, read from its events or body.
 
     ``protocol_errors`` counts what the upstream got wrong, by kind (see
