@@ -31,13 +31,13 @@ from policies.types import Outcome
 from replay.client import Result
 from replay.plan import Planned
 from replay.sessions import Turn
+from replay.simulate.attempts import Attempts, Waiter
 from replay.simulate.prompts import Piece, Prompts
 from replay.simulate.requests import Refused, Routed, SimTurn, engine_sequence, understand
 from replay.simulate.world import Backend, World
 from replay.sources import Item
 from router.backends.pool import BackendLease
-from router.control.admission import WaitQueues
-from router.control.plan import Plan, Refusal, first_free, plan
+from router.control.plan import Attempt, Refusal, plan
 from turnout.common.figures import first_token, per_token
 
 SESSIONS = 100_000
@@ -48,31 +48,25 @@ OnResult = Callable[[Item, Result, float], None]
 
 @dataclass(slots=True, eq=False)
 class Flight:
-    """One request in an engine."""
+    """One attempt of a request in an engine."""
 
-    routed: Routed
+    waiter: Waiter
+    seq: Sequence
     backend: Backend
     lease: BackendLease
-    sent: float
     finish: str
     reply: Piece = (0, 0)
     first: float | None = None
     chunks: int = 0
 
+    @property
+    def routed(self) -> Routed:
+        return self.waiter.routed
 
-@dataclass(slots=True, eq=False)
-class Waiter:
-    """A planned request until it is sent: in the admission queue while every backend of
-    its plan is full."""
-
-    routed: Routed
-    plan: Plan
-    since: float
-    """When it arrived (and, if it waits, began to wait)."""
-    key: int = 0
-    """Its place among arrivals, for ties between deadlines."""
-    done: bool = False
-    """Sent or refused: a deadline still queued for it is void."""
+    @property
+    def sent(self) -> float:
+        """When the request arrived: its times count from there, waits included."""
+        return self.waiter.arrived
 
 
 @dataclass(slots=True)
@@ -111,10 +105,8 @@ class Simulation:
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._ready: list[tuple[float, int, Planned]] = []  # turns due after an answer
         self._queued = 0  # turns waiting for an answer: engines then run step by step
-        self.queues: WaitQueues[Waiter] = WaitQueues(world.config.admission)
-        """The router's admission queues, on the virtual clock."""
-        self._deadlines: list[tuple[float, int, Waiter]] = []
-        self._arrivals = 0
+        self.router = Attempts(world.config, self._launch, self._refuse)
+        """Admission, failover and timeouts, on the virtual clock."""
         self._model = world.model()
         self.events = 0
         """Router moments (arrivals and scrapes) simulated."""
@@ -139,19 +131,16 @@ class Simulation:
         arrivals = iter(plan)
         nxt = next(arrivals, None)
         ready = self._ready
-        deadlines = self._deadlines
-        while nxt is not None or self.flights or ready or deadlines:
+        router = self.router
+        while nxt is not None or self.flights or ready or router.next_timer() is not None:
             t_plan = nxt.at if nxt is not None else math.inf
             t_ready = ready[0][0] if ready else math.inf
-            while deadlines and deadlines[0][2].done:
-                heapq.heappop(deadlines)
-            t_dead = deadlines[0][0] if deadlines else math.inf
-            now = min(t_plan, t_ready, next_scrape, t_dead)
+            t_timer = router.next_timer()
+            t_timer = math.inf if t_timer is None else t_timer
+            now = min(t_plan, t_ready, next_scrape, t_timer)
             if not self._advance(now) or (ready and ready[0][0] < now):
                 continue  # stepping towards ``now``, or an answer let a turn go earlier
-            if deadlines and deadlines[0][2].done:
-                continue  # an answer let the waiter go meanwhile
-            if nxt is None and not self.flights and not ready and not deadlines:
+            if nxt is None and not self.flights and not ready and router.next_timer() is None:
                 break  # the last answer is in
             world.now = now
             self.events += 1
@@ -159,8 +148,8 @@ class Simulation:
                 for b in world.backends:
                     b.scrape()
                 next_scrape += every
-            elif t_dead <= now:
-                self._expire(now)
+            elif t_timer <= now:
+                router.fire(now)
             elif t_ready <= now:
                 self._arrive(heapq.heappop(ready)[2], now, ready=True)
             elif nxt is not None:
@@ -178,7 +167,7 @@ class Simulation:
         flights = self.flights
         target = until
         # an answer may release a turn or a waiting request before then
-        if self._queued or self._closed_loop or self._deadlines:
+        if self._queued or self._closed_loop or self.router.waiting:
             due = [b.deadline for b in self.world.backends if b.deadline is not None]
             until = min([until, *due])
         for b in self.world.backends:
@@ -232,26 +221,18 @@ class Simulation:
         except Refused as e:
             self._refused(item, routed, e, now)
             return
-        # the router's own planning and admission (router.control.plan, router.control.admission)
+        # the router's own planning (router.control.plan), then its admission and attempts
         chosen = plan(world.pool, self.policy, routed.info, world.config.failover.max_attempts)
         if isinstance(chosen, Refusal):
             self._refused(item, routed, Refused(chosen.status, chosen.message), now)
             return
-        self._arrivals += 1
-        waiter = Waiter(routed, chosen, now, self._arrivals)
-        if not self._go(waiter, now):
-            self._wait(waiter, now)
+        self.router.send(Waiter(routed, chosen, now, list(chosen.attempts)), now)
 
-    def _go(self, w: Waiter, now: float) -> bool:
-        """Send ``w`` to the first of its attempts with room, as the router would; False
-        when none has room."""
-        i = first_free(w.plan.attempts)
-        if i is None:
-            return False
-        attempt = w.plan.attempts[i]
+    def _launch(self, w: Waiter, attempt: Attempt, now: float) -> None:
+        """``w``'s attempt on ``attempt``'s backend: the engine model takes it at ``now``."""
         info, backend = w.routed.info, self.world.by_name[attempt.backend.name]
-        self.policy.committed(info, w.plan.decision, backend.state.name)
-        w.done = True
+        if not w.failovers:  # the router commits the request to its first attempt's backend
+            self.policy.committed(info, w.plan.decision, backend.state.name)
         try:
             seq, finish, reply = engine_sequence(
                 w.routed,
@@ -264,40 +245,43 @@ class Simulation:
             )
         except Refused as e:  # the engine's own error answer
             self._refused(w.routed.item, w.routed, e, now, backend.state.name)
-            return True
-        lease = backend.state.lease(info)
-        self.flights[seq] = Flight(w.routed, backend, lease, w.since, finish, reply)
+            return
+        f = Flight(w, seq, backend, backend.state.lease(info), finish, reply)
+        self.flights[seq] = f
         backend.engine.submit(seq, now * backend.scale)
         backend.refresh()
+        timeouts = self.world.config.timeouts_for(info.request_class)
+        flying = lambda: self.flights.get(seq) is f  # noqa: E731
+        if info.stream and timeouts.idle is not None:
+            self.router.at(now + timeouts.idle, lambda t: self._idle(f, t), flying)
+        elif not info.stream and (deadline := timeouts.deadline(False)) is not None:
+            self.router.at(now + deadline, lambda t: self._timed_out(f, t), flying)
+
+    def _cut(self, f: Flight, now: float) -> bool:
+        """End ``f``'s attempt unanswered (the router closed its connection); False when it
+        is over already."""
+        if self.flights.get(f.seq) is not f:
+            return False
+        del self.flights[f.seq]
+        f.backend.engine.cancel(f.seq, now * f.backend.scale)
+        f.backend.refresh()
+        f.lease.release()
+        self.router.released(now)
         return True
 
-    def _wait(self, w: Waiter, now: float, *, front: bool = False) -> None:
-        """Into the admission queue of ``w``'s class, or refused as the router refuses."""
-        cls = w.routed.info.request_class
-        refusal = self.queues.refusal(cls, w.since, now, front=front)
-        if refusal is not None:
-            w.done = True
-            self._refused(w.routed.item, w.routed, Refused(refusal.status, refusal.message), now)
-            return
-        self.queues.put(cls, w, front=front)
-        if not front:
-            heapq.heappush(self._deadlines, (self.queues.deadline(cls, w.since), w.key, w))
+    def _timed_out(self, f: Flight, now: float) -> None:
+        """An answer not streamed is not whole by its deadline: the attempt fails over."""
+        if self._cut(f, now):
+            self.router.failed(f.waiter, f.lease, f.backend.state.name, now)
 
-    def _released(self, now: float) -> None:
-        """A request left a backend: the first waiter looks again (the router's
-        ``Admission.release``)."""
-        w = self.queues.pop()
-        if w is not None and not self._go(w, now):
-            self.queues.put(w.routed.info.request_class, w, front=True)
+    def _idle(self, f: Flight, now: float) -> None:
+        """A stream's first token has not come within ``idle``: the stream is cut."""
+        if f.first is None and self._cut(f, now):
+            message = f"backend {f.backend.state.name} sent nothing for too long"
+            self._refused(f.routed.item, f.routed, Refused(200, message), now, f.backend.state.name)
 
-    def _expire(self, now: float) -> None:
-        """The wait of the earliest waiter runs out: it looks once more, then is refused."""
-        _, _, w = heapq.heappop(self._deadlines)
-        if w.done:
-            return
-        self.queues.discard(w.routed.info.request_class, w)
-        if not self._go(w, now):
-            self._wait(w, now, front=True)
+    def _refuse(self, w: Waiter, e: Refused, now: float) -> None:
+        self._refused(w.routed.item, w.routed, e, now)
 
     def _refused(
         self, item: Item, routed: Routed | None, e: Refused, now: float, backend: str = "none"
@@ -339,7 +323,8 @@ class Simulation:
         info = f.routed.info
         f.lease.ok()
         f.lease.release()
-        self._released(now)
+        self.router.answered(f.waiter)
+        self.router.released(now)
         first = f.first if f.first is not None else now
         e2e = now - f.sent
         gaps = f.chunks - 1
