@@ -22,12 +22,15 @@
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from policies.affinity import affinity_key, home
+from policies.candidates import healthy as healthy_of
+from policies.candidates import position_of
 from policies.params import BuildContext
 from policies.predictor import (
     PaceTracker,
@@ -38,6 +41,7 @@ from policies.predictor import (
     read_tpot,
 )
 from policies.prefix import DEFAULT_IMBALANCE, PrefixIndex
+from policies.sampling import Sampling, draw_pools, read_sampling
 from policies.types import (
     Candidate,
     Decision,
@@ -154,6 +158,11 @@ class AdaptivePolicy:
     """Request id -> the backend it was spilled to."""
     cache: PrefixIndex = field(default_factory=PrefixIndex)
     """Where prompt prefixes were sent, to keep a request on its cache-warm replica."""
+    sampling: Sampling = field(default_factory=lambda: Sampling(None))
+    """Above how many candidates each engine pool is read as a sample (policies/sampling.py)."""
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    _pools: tuple[frozenset[str], ...] = field(init=False)
+    """The configured names of the low-TTFT pool, the high-throughput pool and the rest."""
 
     @property
     def slo(self) -> Mapping[RequestClass, Slo]:
@@ -163,13 +172,23 @@ class AdaptivePolicy:
     def __post_init__(self) -> None:
         self.governor = SpillGovernor(self.settings.spill)
         self.typical_prompt = self.settings.typical_prompt_tokens
+        low, high = self.settings.low_ttft, self.settings.high_throughput
+        self._pools = (
+            frozenset(n for n, e in self.engines.items() if e in low),
+            frozenset(n for n, e in self.engines.items() if e in high),
+            frozenset(n for n, e in self.engines.items() if e not in low | high),
+        )
 
     # -- choose ---------------------------------------------------------------------------
 
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
         """Rank the healthy candidates for ``req`` (what it learns waits for
         :meth:`committed`)."""
-        healthy = [c for c in candidates if c.healthy]
+        healthy: Sequence[Candidate] = healthy_of(candidates)
+        tails: list[list[str]] = [[], [], []]
+        if self.sampling.applies(len(healthy)):
+            nominated = self.cache.nominate(req)
+            healthy, tails = draw_pools(healthy, self._pools, self.sampling, self.rng, nominated)
         ahead = {c.name: queued_prefill_tokens(c, self.typical_prompt) for c in healthy}
         predicted = {
             c.name: self.predictor.predict(c.name, ahead[c.name], req.prompt_tokens)
@@ -195,7 +214,9 @@ class AdaptivePolicy:
             ranked = [target] + high + [c for c in low if c is not target] + rest
             priority = self.settings.spill.priority if target.priority_capable else None
         memo = _Chosen(candidates, healthy, ahead, spill)
-        names = tuple(c.name for c in ranked)
+        low_tail, high_tail, rest_tail = tails
+        tail = low_tail + high_tail if req.request_class == "interactive" else high_tail + low_tail
+        names = (*(c.name for c in ranked), *tail, *rest_tail)
         return Decision(names, priority=priority, scores=predicted, memo=memo)
 
     def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
@@ -204,8 +225,9 @@ class AdaptivePolicy:
         chosen = decision.memo
         if not isinstance(chosen, _Chosen):
             return
-        for c in chosen.candidates:
-            self._reconcile(c)
+        for name in list(self._spills):  # only where spill records are kept
+            if (i := position_of(chosen.candidates, name)) is not None:
+                self._reconcile(chosen.candidates[i])
         self.predictor.note(req, chosen.ahead)
         if chosen.spill == backend:
             self._note_spill(req, backend)
@@ -473,8 +495,19 @@ def make_adaptive(name: str, p: Reader, ctx: BuildContext) -> AdaptivePolicy:
     )
     predictor = read_predictor(p, ctx)
     tpot = read_tpot(p, ctx, predictor.alpha)
+    sampling = read_sampling(p)
     p.done()
     engines = {b.name: b.engine for b in ctx.backends}
     pace = PaceTracker(predictor.alpha)
     cache = PrefixIndex(backends=frozenset(engines))
-    return AdaptivePolicy(name, settings, predictor, tpot, pace, engines, cache=cache)
+    return AdaptivePolicy(
+        name,
+        settings,
+        predictor,
+        tpot,
+        pace,
+        engines,
+        cache=cache,
+        sampling=sampling,
+        rng=random.Random(name),
+    )

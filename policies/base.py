@@ -53,6 +53,15 @@ class Commits(Protocol):
 
 
 @runtime_checkable
+class Nominates(Protocol):
+    """A plugin that can name the backends it would score best without reading the others
+    (the cache-aware scorer: those its record says hold the prompt's prefix). A sampled
+    pipeline scores them along with its random draw (policies/sampling.py)."""
+
+    def nominate(self, req: RequestInfo) -> Sequence[str]: ...
+
+
+@runtime_checkable
 class Forgets(Protocol):
     """A policy or plugin that keeps figures per backend name.
 

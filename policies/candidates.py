@@ -136,6 +136,13 @@ def names_of(candidates: Sequence[Candidate]) -> Sequence[str]:
     return [c.name for c in candidates]
 
 
+def position_of(candidates: Sequence[Candidate], name: str) -> int | None:
+    """Where ``name`` is among the candidates (None: not there)."""
+    if isinstance(candidates, Candidates):
+        return candidates.members.index.get(name)
+    return next((i for i, c in enumerate(candidates) if c.name == name), None)
+
+
 def in_groups(candidates: Sequence[Candidate], groups: frozenset[str]) -> Sequence[Candidate]:
     """The candidates whose configured name is in ``groups``, in order."""
     if isinstance(candidates, Candidates):

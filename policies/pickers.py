@@ -32,11 +32,17 @@ class RoundRobinPicker:
     _turn: int = 0
 
     def pick(self, req: RequestInfo, scored: Sequence[tuple[Candidate, float]]) -> list[str]:
-        if not scored:
+        return self.rotate([c.name for c, _ in scored], len(scored))
+
+    def rotate(self, names: Sequence[str], limit: int) -> list[str]:
+        """The next head, then up to ``limit`` names in all in turn after it."""
+        n = len(names)
+        if not n:
             return []
-        start = self._turn % len(scored)
-        names = [c.name for c, _ in scored]
-        return names[start:] + names[:start]
+        start = self._turn % n
+        if limit >= n:
+            return [*names[start:], *names[:start]]
+        return [names[(start + i) % n] for i in range(limit)]
 
     def committed(self, req: RequestInfo, candidates: Sequence[Candidate], backend: str) -> None:
         self._turn += 1

@@ -8,9 +8,10 @@ a filter removes every candidate it says which one, in the decision and to the o
 
 from __future__ import annotations
 
+import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies.base import (
@@ -18,14 +19,16 @@ from policies.base import (
     Filter,
     Forgets,
     Learner,
+    Nominates,
     NullObserver,
     Picker,
     PipelineObserver,
     Scorer,
 )
-from policies.candidates import healthy
-from policies.pickers import MaxScorePicker
-from policies.types import Candidate, Decision, Outcome, RequestInfo
+from policies.candidates import healthy, names_of
+from policies.pickers import MaxScorePicker, RoundRobinPicker
+from policies.sampling import Drawn, Sampling, draw, draw_tiers
+from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo
 
 NO_HEALTHY = "no healthy candidate"
 
@@ -77,10 +80,16 @@ class PipelinePolicy:
     """Configured type names of ``scorers`` (as ``filter_types``)."""
     picker_type: str = ""
     """Configured type name of ``picker`` (as ``filter_types``)."""
+    sampling: Sampling = field(default_factory=lambda: Sampling(None))
+    """Above how many candidates to score a sample (policies/sampling.py); never by default."""
+    tiers: Mapping[RequestClass, tuple[frozenset[str], ...]] | None = None
+    """Per class, its tiers of configured names, each sampled on its own (``class-split``)."""
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
     learners: tuple[Learner, ...] = field(init=False)
     committers: tuple[Commits, ...] = field(init=False)
     reads_prefix: bool = field(init=False)
     """A plugin reads the prompt's prefix (see :func:`policies.base.reads_prefix`)."""
+    _nominators: tuple[Nominates, ...] = field(init=False)
     _filter_runs: tuple[_FilterRun, ...] = field(init=False)
     _scorer_runs: tuple[tuple[Scorer, float, _Timer], ...] = field(init=False)
     _pick_timer: _Timer = field(init=False)
@@ -90,6 +99,7 @@ class PipelinePolicy:
         self.learners = tuple(p for p in plugins if isinstance(p, Learner))
         self.committers = tuple(p for p in plugins if isinstance(p, Commits))
         self.reads_prefix = any(getattr(p, "reads_prefix", False) for p in plugins)
+        self._nominators = tuple(p for p in plugins if isinstance(p, Nominates))
         name, obs = self.name, self.observer
         self._filter_runs = tuple(
             (
@@ -123,6 +133,17 @@ class PipelinePolicy:
             if not survivors:
                 emptied()
                 return Decision((), empty_reason=reason)
+        if not self._scorer_runs and isinstance(self.picker, RoundRobinPicker):
+            # Names only: rotating needs no snapshot (at most a sampled ranking's worth).
+            n = len(survivors)
+            limit = self.sampling.ranked if self.sampling.applies(n) else n
+            t0 = clock()
+            rotated = self.picker.rotate(names_of(survivors), limit)
+            self._pick_timer(clock() - t0)
+            return Decision(ranked=tuple(rotated), memo=survivors)
+        drawn = self._draw(req, survivors)
+        if drawn is not None:
+            survivors = drawn.scored
         totals = dict.fromkeys((c.name for c in survivors), 0.0)
         for scorer, weight, timer in self._scorer_runs:
             t0 = clock()
@@ -136,7 +157,8 @@ class PipelinePolicy:
         t0 = clock()
         ranked = self.picker.pick(req, scored)
         self._pick_timer(clock() - t0)
-        return Decision(ranked=tuple(ranked), scores=totals, memo=survivors)
+        ranking = drawn.ranking(ranked) if drawn is not None else tuple(ranked)
+        return Decision(ranked=ranking, scores=totals, memo=survivors)
 
     def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
         """Forward to every plugin that records its choices, with the candidates that
@@ -145,6 +167,16 @@ class PipelinePolicy:
         if self.committers and isinstance(survivors, Sequence):
             for plugin in self.committers:
                 plugin.committed(req, survivors, backend)
+
+    def _draw(self, req: RequestInfo, survivors: Sequence[Candidate]) -> Drawn | None:
+        """The sample to score, when there are more candidates than ``sampling`` scores."""
+        if not self.sampling.applies(len(survivors)):
+            return None
+        if self.tiers is not None:
+            tiers = self.tiers.get(req.request_class, ())
+            return draw_tiers(survivors, tiers, self.sampling, self.rng)
+        nominated = [name for n in self._nominators for name in n.nominate(req)]
+        return draw(survivors, self.sampling, self.rng, nominated)
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Forward the outcome to every plugin that learns."""

@@ -21,14 +21,17 @@ counts instead (:meth:`PrefixIndex.open`).
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from policies.base import Filter, Scorer
+from policies.candidates import healthy
 from policies.params import BuildContext
 from policies.pipeline import NO_HEALTHY
+from policies.sampling import Sampling, draw
 from policies.types import Candidate, Decision, Outcome, RequestInfo, group_of
 from turnout.common.schema import Reader
 
@@ -42,6 +45,8 @@ does): about 8 MB of prompt text, over 10^6 tokens. A router that forgets before
 does sends a prompt away from its cache: half this left the public Mooncake sample's hit
 rate at 0.78 of the oracle's on 10^6-token replicas, this 0.97."""
 DEFAULT_IMBALANCE = 4
+HOLDERS = 4
+"""Backends remembered per block as its latest holders (:meth:`PrefixIndex.nominate`)."""
 MISS_WEIGHT = 4.0
 """Prefill tokens waited for that one prompt token a backend lacks is worth. More than its own
 prefill (1): while the engine's cache is full it evicts a cached token that a later request
@@ -96,6 +101,9 @@ class PrefixIndex:
     _tokens: int = 0
     _blocks: int = 0
     """Prompt tokens and blocks of the prompts seen: the tokens a block stands for."""
+    _holders: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Per block, the last :data:`HOLDERS` backends whose record holds it (latest last): the
+    ones to read for a prompt when a policy reads only a few (:meth:`nominate`)."""
 
     def observe(self, req: RequestInfo, candidates: Sequence[Candidate]) -> None:
         """Size each candidate's record after its engine's cache: its KV in tokens (scraped)
@@ -136,8 +144,35 @@ class PrefixIndex:
         """Blocks remembered for ``backend``."""
         return len(self._lru.get(backend, ()))
 
+    def nominate(self, req: RequestInfo) -> list[str]:
+        """The backends most likely to hold the most of ``req``'s prefix: the latest holders
+        of its deepest block held anywhere, and of its first block (at most 2 x
+        :data:`HOLDERS`; found in as many steps as the prefix has blocks held)."""
+        blocks = req.prefix_blocks
+        if not blocks:
+            return []
+        head = self._holders.get(blocks[0], ())
+        deepest = head
+        for h in blocks[1:]:
+            held = self._holders.get(h)
+            if not held:
+                break
+            deepest = held
+        return list(dict.fromkeys((*reversed(deepest), *reversed(head))))
+
+    def _unhold(self, block: int, backend: str) -> None:
+        held = self._holders.get(block)
+        if held is not None and backend in held:
+            rest = tuple(n for n in held if n != backend)
+            if rest:
+                self._holders[block] = rest
+            else:
+                del self._holders[block]
+
     def forget(self, backend: str) -> None:
         """Drop ``backend``'s blocks (it left: see :class:`policies.base.Forgets`)."""
+        for h in self._lru.get(backend, ()):
+            self._unhold(h, backend)
         self._lru.pop(backend, None)
         self._uncached.pop(backend, None)
         self._sized.pop(backend, None)
@@ -161,12 +196,16 @@ class PrefixIndex:
         if not blocks or group_of(backend) not in self.backends:
             return
         lru = self._lru.setdefault(backend, OrderedDict())
+        holders = self._holders
         for h in reversed(blocks):
             lru[h] = None
             lru.move_to_end(h)
+            held = holders.get(h, ())
+            if not held or held[-1] != backend:
+                holders[h] = (*(n for n in held[-HOLDERS:] if n != backend), backend)[-HOLDERS:]
         capacity = self.capacity_of(backend)
         while len(lru) > capacity:
-            lru.popitem(last=False)
+            self._unhold(lru.popitem(last=False)[0], backend)
 
     def open(self, candidates: Sequence[Candidate], max_imbalance: int | None) -> list[Candidate]:
         """The candidates the load gate lets a warm request stick to: not at their
@@ -225,6 +264,9 @@ class CacheAwareScorer:
     def committed(self, req: RequestInfo, candidates: Sequence[Candidate], backend: str) -> None:
         self.index.observe(req, candidates)
 
+    def nominate(self, req: RequestInfo) -> list[str]:
+        return self.index.nominate(req)
+
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         if outcome.ok:
             self.index.record(backend, req.prefix_blocks)
@@ -270,13 +312,20 @@ class CacheAwarePolicy:
     filters: tuple[Filter, ...] = ()
     """The backends the request may use (the ``backends`` param), applied in order."""
     type: str = "cache-aware"
+    sampling: Sampling = field(default_factory=lambda: Sampling(None))
+    """Above how many candidates to read only a sample and the prompt's warm backends."""
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
-        pool: Sequence[Candidate] = [c for c in candidates if c.healthy]
+        pool = healthy(candidates)
         for flt in self.filters:
             pool = flt.filter(req, pool)
         if not pool:
             return Decision((), empty_reason=NO_HEALTHY)
+        drawn = None
+        if self.sampling.applies(len(pool)):
+            drawn = draw(pool, self.sampling, self.rng, self.index.nominate(req))
+            pool = drawn.scored
         blocks = req.prefix_blocks
         matched = {c.name: self.index.matched(c.name, blocks) for c in pool}
         opened = {c.name for c in self.index.open(pool, self.max_imbalance)}
@@ -291,8 +340,9 @@ class CacheAwarePolicy:
             ),
         )
         total = len(blocks) or 1
+        names = [c.name for c in ranked]
         return Decision(
-            tuple(c.name for c in ranked),
+            drawn.ranking(names) if drawn is not None else tuple(names),
             scores={n: m / total for n, m in matched.items()},
             memo=pool,
         )

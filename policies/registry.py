@@ -13,6 +13,7 @@ Both raise ``ValueError`` for bad params; the message is reported at the entry's
 from __future__ import annotations
 
 import importlib
+import random
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar, cast
@@ -21,6 +22,7 @@ from policies import adaptive, filters, pickers, prefix, scorers
 from policies.base import Filter, NullObserver, Picker, PipelineObserver, Policy, Scorer
 from policies.params import BuildContext, class_orders
 from policies.pipeline import PipelinePolicy
+from policies.sampling import read_sampling
 from policies.signals import inflight, outstanding_tokens
 from policies.types import BackendInfo
 from turnout.common.schema import Errors, Reader, join, unknown
@@ -41,6 +43,7 @@ class PolicyConfigError(ValueError):
 
 
 def _class_split(name: str, p: Reader, ctx: BuildContext) -> Policy:
+    sampling = read_sampling(p)
     orders = class_orders(p, ctx)
     tiers = max((len(t) for t in orders.values()), default=1) or 1
     # Tiers are 1/tiers apart, so a load tie-breaker weighted below that can only reorder
@@ -58,6 +61,9 @@ def _class_split(name: str, p: Reader, ctx: BuildContext) -> Policy:
             (scorers.LoadScorer(inflight), 0.5 / tiers),
         ),
         observer=ctx.observer,
+        sampling=sampling,
+        tiers={cls: tuple(frozenset(tier) for tier in t) for cls, t in orders.items()},
+        rng=random.Random(name),
     )
 
 
@@ -71,6 +77,7 @@ def _subset(p: Reader, ctx: BuildContext) -> tuple[Filter, ...]:
 
 def _round_robin(name: str, p: Reader, ctx: BuildContext) -> Policy:
     subset = _subset(p, ctx)
+    sampling = read_sampling(p)
     p.done()
     return PipelinePolicy(
         name,
@@ -78,12 +85,14 @@ def _round_robin(name: str, p: Reader, ctx: BuildContext) -> Policy:
         filters=subset,
         picker=pickers.RoundRobinPicker(),
         observer=ctx.observer,
+        sampling=sampling,
     )
 
 
 def _least_outstanding(name: str, p: Reader, ctx: BuildContext) -> Policy:
     by = p.choice("by", ("requests", "tokens"), "requests")
     subset = _subset(p, ctx)
+    sampling = read_sampling(p)
     p.done()
     signal = inflight if by == "requests" else outstanding_tokens
     return PipelinePolicy(
@@ -92,18 +101,24 @@ def _least_outstanding(name: str, p: Reader, ctx: BuildContext) -> Policy:
         filters=subset,
         scorers=((scorers.LoadScorer(signal), 1.0),),
         observer=ctx.observer,
+        sampling=sampling,
+        rng=random.Random(name),
     )
 
 
 def _cache_aware(name: str, p: Reader, ctx: BuildContext) -> Policy:
     index, imbalance = prefix.read_index(p, ctx, None)
     subset = _subset(p, ctx)
+    sampling = read_sampling(p)
     p.done()
-    return prefix.CacheAwarePolicy(name, index, imbalance, subset)
+    return prefix.CacheAwarePolicy(
+        name, index, imbalance, subset, sampling=sampling, rng=random.Random(name)
+    )
 
 
 def _pinned(name: str, p: Reader, ctx: BuildContext) -> Policy:
     backend, engine = p.string("backend"), p.string("engine")
+    sampling = read_sampling(p)
     p.done()
     names: frozenset[str] = frozenset()
     if (backend is None) == (engine is None):
@@ -122,6 +137,8 @@ def _pinned(name: str, p: Reader, ctx: BuildContext) -> Policy:
         filters=(filters.MembersFilter(names),),
         scorers=((scorers.LoadScorer(inflight), 1.0),),
         observer=ctx.observer,
+        sampling=sampling,
+        rng=random.Random(name),
     )
 
 
@@ -214,6 +231,7 @@ def _pipeline(name: str, p: Reader, ctx: BuildContext) -> Policy:
     ]
     raw_picker = p.raw_value("picker") or "max-score"
     picker = _plugin(raw_picker, join(p.path, "picker"), PICKERS, Picker, ctx, p.errors)
+    sampling = read_sampling(p)
     p.done()
     kept_filters = [
         (type_of(e), f[0]) for (_, e), f in zip(filter_entries, built_filters, strict=True) if f
@@ -231,6 +249,8 @@ def _pipeline(name: str, p: Reader, ctx: BuildContext) -> Policy:
         filter_types=tuple(t for t, _ in kept_filters),
         scorer_types=tuple(t for t, _ in kept_scorers),
         picker_type=type_of(raw_picker),
+        sampling=sampling,
+        rng=random.Random(name),
     )
 
 

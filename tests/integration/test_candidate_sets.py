@@ -14,12 +14,15 @@ import asyncio
 import contextlib
 import socket
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import openai
 
+from policies.prefix import HOLDERS
+from policies.types import Candidate
 from router.app import STATE, build_app, listen_socket, serve
 from router.backends.fleet import Resolver, resolve_dns
 from router.config.parse import load_config
@@ -171,3 +174,56 @@ async def test_sets_follow_discovery(tmp_path: Path) -> None:
                 names.addresses = ["127.0.0.2"]
                 await _until(lambda: _offered(state) == (two,))
                 assert await _served_by(url, 2) == {two}
+
+
+Snapshot = Callable[[], Candidate]
+BATCH = {"batch": ["vllm"]}
+SIZED = [("round-robin", 0), ("least-outstanding", 2), ("pinned", 2), ("class-split", 2)]
+
+
+async def test_a_request_reads_a_few_of_many_backends(tmp_path: Path) -> None:
+    """64 backends (one engine behind them all): each request takes snapshots of the few
+    backends its policy reads, not of every backend."""
+    with start_emulator("vllm", time_scale=50) as engine:
+        names = [f"b{i}" for i in range(64)]
+        doc = base_config([(n, "vllm", engine.url) for n in names])
+        doc["health"] = {**doc["health"], "interval": 30, "scrape_metrics": False}
+        doc["policies"] = {
+            "round-robin": {"type": "round-robin"},
+            "least-outstanding": {"type": "least-outstanding"},
+            "pinned": {"type": "pinned", "params": {"engine": "vllm"}},
+            "class-split": {
+                "type": "class-split",
+                "params": {"interactive": ["vllm"], "batch": ["vllm"]},
+            },
+            "cache-aware": {"type": "cache-aware"},
+        }
+        doc["default_policy"] = "round-robin"
+        async with _router(write_config(tmp_path, doc)) as (url, state):
+            taken = Counter[str]()
+            for b in state.pool.backends:
+                build = b.candidate
+
+                def counted(
+                    build: Callable[[], Candidate] = build, name: str = b.name
+                ) -> Candidate:
+                    taken[name] += 1
+                    return build()
+
+                b.candidate = counted  # type: ignore[method-assign]
+            for policy, most in [*SIZED, ("cache-aware", 2 + 2 * HOLDERS)]:
+                client = openai.AsyncOpenAI(
+                    base_url=url + "/v1",
+                    api_key="unused",
+                    max_retries=0,
+                    default_headers={"X-Turnout-Policy": policy},
+                )
+                before = taken.total()
+                for i in range(8):
+                    await client.chat.completions.create(
+                        model=MODEL,
+                        messages=[{"role": "user", "content": f"request {i} " * 200}],
+                        max_tokens=2,
+                    )
+                await client.close()
+                assert taken.total() - before <= 8 * most, policy
