@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from policies.types import Endpoint, RequestClass
+from router.config.tail import TailSettings
 
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings", "responses")
 Redaction = Literal["none", "hash", "drop"]
@@ -398,6 +399,8 @@ class RouterConfig:
     """The Batch API; None: its endpoints answer 404."""
     pricing: Mapping[str, float] = field(default_factory=dict)
     """Backend name -> what it costs, USD an hour (``/turnout/pricing``, replay's cost)."""
+    tail: Mapping[str, TailSettings] = field(default_factory=dict)
+    """Request class -> its first-token deadline and hedging (router.config.tail)."""
 
     def timeouts_for(self, request_class: str) -> ClassTimeouts:
         return self.timeouts.get(request_class) or ClassTimeouts()

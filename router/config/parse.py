@@ -44,6 +44,7 @@ from router.config.model import (
     ShutdownSettings,
     credential_header,
 )
+from router.config.tail import read_tail
 from turnout.common.schema import Errors, Reader, join, unknown
 
 __all__ = ["load_config", "load_document", "parse_config", "read_config"]
@@ -118,6 +119,7 @@ def parse_document(doc: object, errors: Errors) -> RouterConfig:
         shadow=_shadow(top.child("shadow"), names, policy_names),
         batch=read_batch(top.child("batch")) if top.has("batch") else None,
         pricing=read_pricing(top.child("pricing"), names),
+        tail=read_tail(top.child("tail")),
     )
     top.done()
     return config

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from policies.types import REQUEST_CLASSES
+from policies.types import REQUEST_CLASSES, RequestInfo
 from router.observe.outcomes import EARLY_REJECTIONS, LATE_REJECTIONS
 
 # Fine enough to read a P95 TTFT anywhere from 1 ms to 60 s.
@@ -204,6 +204,17 @@ class Metrics:
             _REQ,
             registry=r,
         )
+        # The tail defences (router.proxy.tail): per policy, backend and class.
+        tail = (
+            ("turnout_hedges_total", "Hedged copies sent (backend: the copy's)."),
+            ("turnout_hedges_won_total", "Requests whose hedged copy produced the first token."),
+            ("turnout_hedges_cancelled_total", "Attempts of hedged requests cut (backend: cut)."),
+            ("turnout_hedge_wasted_tokens_total",
+             "Prompt tokens and streamed content events of cut attempts of hedged requests."),
+            ("turnout_first_token_deadlines_missed_total",
+             "Attempts cut at their first-token deadline (backend: the late one)."),
+        )  # fmt: skip
+        self._tail = {name: Counter(name, doc, _REQ, registry=r) for name, doc in tail}
         self._protocol_errors = Counter(
             "turnout_upstream_protocol_errors_total",
             "What backends got wrong in their answers (ignored, or the request failed), by kind.",
@@ -396,6 +407,21 @@ class Metrics:
     def filter_emptied(self, policy: str, filter: str) -> Callable[[], None]:
         """Counts one request for which ``filter`` removed every remaining candidate."""
         return self._filter_rejections.labels(policy, filter).inc
+
+    def hedge_fired(self, policy: str, backend: str, req: RequestInfo) -> None:
+        self._tail["turnout_hedges_total"].labels(policy, backend, req.request_class).inc()
+
+    def hedge_won(self, policy: str, backend: str, req: RequestInfo) -> None:
+        self._tail["turnout_hedges_won_total"].labels(policy, backend, req.request_class).inc()
+
+    def hedge_cancelled(self, policy: str, backend: str, req: RequestInfo, wasted: int) -> None:
+        labels = (policy, backend, req.request_class)
+        self._tail["turnout_hedges_cancelled_total"].labels(*labels).inc()
+        self._tail["turnout_hedge_wasted_tokens_total"].labels(*labels).inc(wasted)
+
+    def deadline_missed(self, policy: str, backend: str, req: RequestInfo) -> None:
+        name = "turnout_first_token_deadlines_missed_total"
+        self._tail[name].labels(policy, backend, req.request_class).inc()
 
     def stream_aborted(self, policy: str, backend: str, request_class: str) -> None:
         self._aborts.labels(policy, backend, request_class).inc()

@@ -210,6 +210,22 @@ class Connection(asyncio.Protocol):
             del buf[limit:]
         return bytes(buf)
 
+    def buffered(self, start: int = 0) -> bytes:
+        """The body received and not yet read or streamed, from byte ``start``; it stays
+        buffered (a held stream is scanned before it is passed on: router.proxy.tail)."""
+        return bytes(self._body[start:])
+
+    @property
+    def over(self) -> bool:
+        """The response has ended, or the exchange failed."""
+        return self._complete or self._error is not None
+
+    async def more(self) -> None:
+        """Wait until more body is buffered, the body ends or the exchange fails."""
+        if not self.over:
+            self._done = self._loop.create_future()
+            await self._done
+
     def stream(self, sink: Sink) -> None:
         """From now on hand every received body piece to ``sink``, inside ``data_received``."""
         self._sink = sink

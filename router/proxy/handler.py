@@ -24,6 +24,7 @@ from router.proxy.drain import Ticket, shutting_down
 from router.proxy.exchange import Exchange
 from router.proxy.relay import CLIENT_CLOSED, failed_answer, relay
 from router.proxy.state import RouterState, Snapshot
+from router.proxy.tail import hold_first_token
 from router.proxy.upstream import (
     Failure,
     Opened,
@@ -114,17 +115,24 @@ async def handle(
         state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, snap.policies)
         timeouts = config.timeouts_for(info.request_class)
         ex.sent = True
-        opened = await open_upstream(
+        tail = config.tail.get(info.request_class) if info.stream else None
+        sent = time.monotonic()
+        opening = partial(
+            open_upstream,
             state.connections,
-            targets,
             req=info,
             headers=headers,
             timeouts=timeouts,
             failover=config.failover,
             on_failover=partial(_failed_over, state, policy.name),
-            admission=state.admission,
             trace=trace,
+            confirm=tail is None,
         )
+        opened = await opening(targets, admission=state.admission)
+        if tail is not None:  # held until its first token (router.proxy.tail)
+            opened = await hold_first_token(
+                state, config, tail, opening, policy.name, info, opened, sent, targets
+            )
         ticket.conn = opened.conn  # from here the drain cuts by aborting the upstream
         ex.backend = extra["X-Turnout-Backend"] = opened.target.backend.name
         ex.failovers = opened.failovers

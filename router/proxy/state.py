@@ -21,6 +21,7 @@ from router.observe.tracing import NoTracing, Tracing
 from router.proxy.connection import ConnectionPool
 from router.proxy.drain import Drain
 from router.proxy.shadow import Shadows
+from router.proxy.tailstate import TailMemory
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,8 @@ class RouterState:
     """Told each finished request's class, backend, TTFT and reason (the batch pacing)."""
     tracing: Tracing = field(default_factory=NoTracing)
     """Request traces (router.observe.tracing): a no-op unless OpenTelemetry is set up."""
+    tail: TailMemory = field(default_factory=TailMemory)
+    """Hedge budgets and measured TTFTs of the classes with ``tail`` settings."""
     _session: aiohttp.ClientSession | None = None
     _connections: ConnectionPool | None = None
 

@@ -193,8 +193,13 @@ async def open_upstream(
     on_failover: Callable[[Failure], None],
     admission: Admission | None = None,
     trace: RequestTrace = NO_TRACE,
+    confirm: bool = True,
 ) -> Opened:
     """Send to ``targets`` in order until one answers; see the module docstring.
+
+    ``confirm=False``: the answering attempt's lease is not yet told it answered properly
+    (:meth:`BackendLease.ok`): a held stream's caller does that at its first token
+    (router.proxy.tail), so a first-token deadline missed after the headers can still count.
 
     Each attempt holds a lease on its backend's in-flight figures while it is open; a failed
     attempt's lease is released here, the answering one's is the caller's (:class:`Opened`).
@@ -216,6 +221,8 @@ async def open_upstream(
         )  # fmt: skip
     if suspects:
         settle(suspects, opened.head.status)
+    if confirm:
+        opened.lease.ok()
     return opened
 
 
@@ -357,7 +364,6 @@ async def _attempt(
             lease.failed()
             trace.attempt_failed(head.status, unservable.message, False)
             raise AttemptFailed(unservable)
-    lease.ok()
     return Opened(target, conn, head, lease, failovers)
 
 
