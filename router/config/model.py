@@ -140,6 +140,11 @@ class ApiKeySpec:
     allow_overrides: bool = False
     """Whether ``X-Request-Class`` and ``X-Turnout-Policy`` may override the key's own
     class and policy (by default the key's win: a batch key cannot claim interactive)."""
+    priority: int = 0
+    """Its band in the admission queues: higher first; the lowest band is shed first
+    (router.control.fair). Callers without a key are band 0."""
+    weight: float = 1.0
+    """Its share against other keys of its band in a queue (2: twice one of weight 1)."""
 
 
 @dataclass(frozen=True, slots=True)

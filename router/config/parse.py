@@ -215,6 +215,8 @@ def _api_keys(top: Reader, policies: list[str]) -> tuple[ApiKeySpec, ...]:
             max_concurrency=m.integer("max_concurrency", None, low=1),
             admin=m.flag("admin", False),
             allow_overrides=m.flag("allow_overrides", False),
+            priority=m.integer("priority", 0, low=-100, high=100),
+            weight=m.number("weight", 1.0, low=0.01, high=100.0),
         )
         m.done()
         if len(top.errors) == before:  # a broken key is not resolved (that would only add noise)

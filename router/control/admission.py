@@ -6,9 +6,12 @@ instead of failing at once. Admission owns that wait: it is handed the request's
 out of the list. Whenever a request leaves a backend the first waiter is woken and looks
 again at its own attempts (interactive waiters always before batch ones, so interactive work
 is served first and never starved by a batch backlog); one that finds none with room goes
-back to the head of its queue. A full queue, or a wait longer than the class's ``max_wait``,
-answers 429 with ``Retry-After``. With no ``admission`` section the queues are empty-sized:
-saturation answers 429 at once (still with ``Retry-After``).
+back to the head of its tenant's line. Within a class, higher priority bands go first and,
+within a band, the tenant served least (router.control.fair), not the first to come. A full
+queue, or a wait longer than the class's ``max_wait``, answers 429 with ``Retry-After`` and
+``X-Turnout-Refused`` naming why (``queue_full``, ``max_wait``; ``shed`` for a waiter of the
+lowest band whose place a higher band's request took). With no ``admission`` section the
+queues are empty-sized: saturation answers 429 at once (still with ``Retry-After``).
 
 The queues themselves (:class:`WaitQueues`) hold no clock and no event loop, so ``replay
 simulate`` runs the same queues, limits and refusals on its virtual clock.
@@ -19,39 +22,50 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 from policies.types import REQUEST_CLASSES, RequestClass
 from router.config.model import AdmissionSettings
+from router.control.fair import NOBODY, FairQueue, Ledger, LocalLedger, Share
 from router.control.plan import OnBackend, first_free
 from router.server.errors import RouterError
 
 T = TypeVar("T", bound=OnBackend)
-W = TypeVar("W")
+W = TypeVar("W", bound=Hashable)
+Cost = tuple[int, int]
 FULL = "every backend planned for the request is at its in-flight limit"
 """Why a request waits (and the start of its 429 when it may not)."""
 
 
 class QueueRejected(RouterError):
-    """429 from admission, with ``Retry-After`` (whole seconds, at least 1)."""
+    """429 from admission, with ``Retry-After`` (whole seconds, at least 1) and
+    ``X-Turnout-Refused: REASON``."""
 
-    def __init__(self, message: str, retry_after: float) -> None:
+    def __init__(self, message: str, retry_after: float, reason: str) -> None:
         super().__init__(
             429,
             message,
             code="rate_limit_exceeded",
-            headers={"Retry-After": str(max(1, math.ceil(retry_after)))},
+            headers={
+                "Retry-After": str(max(1, math.ceil(retry_after))),
+                "X-Turnout-Refused": reason,
+            },
         )
+        self.reason = reason
 
 
 class WaitQueues(Generic[W]):
-    """Per-class FIFO queues of waiters ``W``, and when one may (go on) wait(ing); no clock,
-    no I/O: the router's :class:`Admission` and the simulator each bring their own."""
+    """Per-class fair queues of waiters ``W`` (router.control.fair), and when one may (go on)
+    wait(ing); no clock, no I/O: the router's :class:`Admission` and the simulator each bring
+    their own."""
 
-    def __init__(self, settings: AdmissionSettings) -> None:
+    def __init__(self, settings: AdmissionSettings, ledger: Ledger | None = None) -> None:
         self.settings = settings
-        self._queues: dict[RequestClass, deque[W]] = {cls: deque() for cls in REQUEST_CLASSES}
+        ledger = ledger if ledger is not None else LocalLedger()
+        self._queues: dict[RequestClass, FairQueue[W]] = {
+            cls: FairQueue(cls, ledger) for cls in REQUEST_CLASSES
+        }
 
     def waiting(self, cls: RequestClass) -> int:
         """Requests of ``cls`` waiting now."""
@@ -68,32 +82,40 @@ class WaitQueues(Generic[W]):
         wait (on) at ``now``; None: it may. ``front``: it has waited before and goes back to
         the head of its queue, so a full queue does not refuse it."""
         limits = self.settings.for_class(cls)
+        retry = self.settings.retry_after
         if not front and len(self._queues[cls]) >= limits.queue_size:
-            return QueueRejected(f"{FULL}, and the {cls} queue is full", self.settings.retry_after)
+            return QueueRejected(f"{FULL}, and the {cls} queue is full", retry, "queue_full")
         if now >= since + limits.max_wait:
-            return QueueRejected(
-                f"{FULL} for over {limits.max_wait:g} s", self.settings.retry_after
-            )
+            return QueueRejected(f"{FULL} for over {limits.max_wait:g} s", retry, "max_wait")
         return None
 
-    def put(self, cls: RequestClass, waiter: W, *, front: bool = False) -> None:
-        """Queue ``waiter``: last, or at the head (a waiter woken for nothing keeps its turn)."""
-        queue = self._queues[cls]
-        queue.appendleft(waiter) if front else queue.append(waiter)
+    def put(
+        self, cls: RequestClass, waiter: W, share: Share = NOBODY, *, front: bool = False
+    ) -> None:
+        """Queue ``waiter`` as ``share``: after its tenant's others, or before them (a waiter
+        woken for nothing keeps its turn)."""
+        self._queues[cls].put(waiter, share, front=front)
 
     def discard(self, cls: RequestClass, waiter: W) -> None:
         """``waiter`` leaves its queue (if it is still in it)."""
-        queue = self._queues[cls]
-        if waiter in queue:
-            queue.remove(waiter)
+        self._queues[cls].discard(waiter)
 
     def pop(self) -> W | None:
-        """The first waiter, interactive first, out of its queue; None when none waits."""
+        """The next waiter, interactive first, out of its queue; None when none waits."""
         for cls in REQUEST_CLASSES:
-            queue = self._queues[cls]
-            if queue:
-                return queue.popleft()
+            waiter = self._queues[cls].pop()
+            if waiter is not None:
+                return waiter
         return None
+
+    def served(self, cls: RequestClass, share: Share, prompt: int, output: int) -> None:
+        """A request of ``share`` in ``cls`` was admitted: count it (router.control.fair)."""
+        self._queues[cls].served(share, prompt, output)
+
+    def shed(self, cls: RequestClass, band: int) -> W | None:
+        """A waiter of a band below ``band`` taken out of the full queue of ``cls`` for a
+        request of ``band`` to take its place; None when none waits there."""
+        return self._queues[cls].shed(band)
 
 
 class Admission:
@@ -108,11 +130,15 @@ class Admission:
         """Requests of ``cls`` waiting now."""
         return self.queues.waiting(cls)
 
-    async def take(self, cls: RequestClass, options: list[T]) -> T:
+    async def take(
+        self, cls: RequestClass, options: list[T], share: Share = NOBODY, cost: Cost = (0, 0)
+    ) -> T:
         """The first of ``options`` whose backend has room, taken out of the list; while none
-        has, wait in ``cls``'s queue (see the module).
+        has, wait in ``cls``'s queue as ``share`` (see the module). ``cost``: the request's
+        prompt tokens and output budget, its service once admitted.
 
-        Raises :class:`QueueRejected` when the queue is full or the wait runs out.
+        Raises :class:`QueueRejected` when the queue is full or the wait runs out, or when
+        the request, waiting in the lowest band, is shed for one of a higher band.
         """
         queues = self.queues
         since: float | None = None
@@ -120,14 +146,21 @@ class Admission:
         while True:
             i = first_free(options)
             if i is not None:
+                queues.served(cls, share, *cost)
                 return options.pop(i)
             now = time.monotonic()
             since = now if since is None else since
             refusal = queues.refusal(cls, since, now, front=front)
+            if refusal is not None and refusal.reason == "queue_full":
+                shed = queues.shed(cls, share.band)
+                if shed is not None and not shed.done():
+                    message = f"{FULL}; shed for a request of a higher priority"
+                    shed.set_exception(QueueRejected(message, self.settings.retry_after, "shed"))
+                    refusal = None
             if refusal is not None:
                 raise refusal
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            queues.put(cls, waiter, front=front)
+            queues.put(cls, waiter, share, front=front)
             try:
                 async with asyncio.timeout_at(_loop_time(queues.deadline(cls, since))):
                     await waiter

@@ -39,6 +39,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from policies.types import RequestInfo
 from router.config.model import AnonymousLimits, ApiKeySpec, ConfigError
+from router.control.fair import Share
 from router.control.quota import WINDOW_SECONDS, Limits, QuotaStore, QuotaTable, Refusal, Settler
 from router.server.errors import RouterError, error_response
 
@@ -52,13 +53,15 @@ ANONYMOUS = "anonymous"
 class Tenant:
     """One configured key: its spec, and the quota its requests count against."""
 
-    __slots__ = ("capture_id", "digest", "limits", "spec")
+    __slots__ = ("capture_id", "digest", "limits", "share", "spec")
 
     def __init__(self, spec: ApiKeySpec, digest: bytes) -> None:
         self.spec = spec
         self.digest = digest
         self.capture_id = tenant_id(digest)
         self.limits = Limits(spec.requests_per_minute, spec.tokens_per_minute, spec.max_concurrency)
+        self.share = Share(self.capture_id, spec.priority, spec.weight)
+        """Its place in the admission queues (router.control.fair)."""
 
     def overrides(self, configured: object) -> bool:
         """Whether a request header may override a setting the key configures as ``configured``."""

@@ -17,6 +17,7 @@ from policies.base import Policy, reads_prefix
 from policies.types import Endpoint, RequestInfo
 from router.control.auth import QuotaHold, Tenant
 from router.control.classify import Parsed, classify
+from router.control.fair import NOBODY, engine_priority
 from router.control.plan import Plan, Refusal, plan
 from router.observe.outcomes import answer_reason
 from router.proxy.body import OFFLOAD_BYTES, asks_usage, upstream_body
@@ -105,8 +106,10 @@ async def handle(
         add_usage = _router_asks_usage(parsed)
         t = time.monotonic()
         planned = _planned(state, policy, info, config.failover.max_attempts)
-        targets = _targets(planned, parsed, ex.body, endpoint, add_usage)
-        first = await state.admission.take(info.request_class, targets)
+        share = tenant.share if tenant is not None else NOBODY
+        targets = _targets(planned, parsed, ex.body, endpoint, add_usage, share.band)
+        cost = (info.prompt_tokens, info.expected_output_tokens)
+        first = await state.admission.take(info.request_class, targets, share, cost)
         policy.committed(info, planned.decision, first.backend.name)
         targets.insert(0, first)
         if trace.recording:
@@ -247,10 +250,11 @@ def _planned(state: RouterState, policy: Policy, info: RequestInfo, max_attempts
 
 
 def _targets(
-    planned: Plan, parsed: Parsed, raw: bytes, endpoint: Endpoint, add_usage: bool
+    planned: Plan, parsed: Parsed, raw: bytes, endpoint: Endpoint, add_usage: bool, band: int
 ) -> list[Target]:
     """The plan's attempts with the bodies they send; ``add_usage``: each body asks for the
-    stream's usage (:func:`_router_asks_usage`)."""
+    stream's usage (:func:`_router_asks_usage`); ``band``: the caller's priority band, which
+    moves the ``priority`` field of engines that schedule by it."""
     return [
         Target(
             a.backend,
@@ -259,7 +263,9 @@ def _targets(
                 raw,
                 parsed.doc,
                 model=a.model,
-                priority=planned.priority(a.backend),
+                priority=engine_priority(planned.priority(a.backend), band)
+                if a.backend.spec.priority_capable
+                else None,
                 add_usage=add_usage,
             ),
         )

@@ -118,7 +118,7 @@ async def test_full_queue_rejects_with_retry_after() -> None:
     with pytest.raises(QueueRejected) as info:
         await adm.take("batch", slots.attempts())
     assert info.value.status == 429
-    assert info.value.headers == {"Retry-After": "3"}
+    assert info.value.headers == {"Retry-After": "3", "X-Turnout-Refused": "queue_full"}
     assert "queue is full" in info.value.message
     waiter.cancel()
 
@@ -127,7 +127,7 @@ async def test_no_queue_rejects_at_once() -> None:
     slots, adm = Slots(), Admission(AdmissionSettings())
     with pytest.raises(QueueRejected) as info:
         await adm.take("interactive", slots.attempts())
-    assert info.value.headers == {"Retry-After": "1"}
+    assert info.value.headers == {"Retry-After": "1", "X-Turnout-Refused": "queue_full"}
 
 
 async def test_wait_runs_out() -> None:

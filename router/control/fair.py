@@ -1,0 +1,159 @@
+"""Who goes first among one class's waiters: priority bands, then fair shares by tenant.
+
+A class's admission queue (router.control.admission) holds its waiters here. Waiters of a
+higher ``priority`` band (an API key's ``priority``; callers without a key are band 0) go
+before any of a lower one. Within a band, the tenant (API key, or every keyless caller as
+one) that has been served least goes first, and each tenant's own waiters keep their order:
+the Virtual Token Counter of Sheng et al., "Fairness in Serving Large Language Models" (OSDI
+2024). Each tenant of a class has a counter of the service it was given, in weighted tokens:
+every request of the class that is admitted, whether it waited or not, adds its prompt
+tokens plus :data:`OUTPUT_WEIGHT` times its output budget, divided by the key's ``weight``
+(a key of weight 2 gets twice the share of one of weight 1). A tenant that starts waiting
+has its counter lifted to the smallest counter among those already waiting (to the last
+served one's when none is), so credit is not saved up while idle: a tenant back after an
+hour does not get an hour's worth of requests ahead of everyone.
+
+The lowest band is sheddable: when a class's queue is full, a request of a higher band takes
+the place of the youngest waiter of the lowest band waiting, which is refused (429 with
+``X-Turnout-Refused: shed``), rather than being refused itself.
+
+Pure data: no clock, no I/O, no event loop; counters live in a :class:`Ledger`, this process's
+own or one the router's workers share (router.control.fair_shared).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+W = TypeVar("W", bound=Hashable)
+OUTPUT_WEIGHT = 2.0
+"""An output token costs the engine about twice an input one (the paper's weights, 1 and 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """Who a waiter is: its tenant (None: callers without a key), band and weight."""
+
+    tenant: str | None = None
+    band: int = 0
+    weight: float = 1.0
+
+    def cost(self, prompt_tokens: int, output_tokens: int) -> float:
+        """What serving a request of ``prompt_tokens`` and ``output_tokens`` adds."""
+        return (prompt_tokens + OUTPUT_WEIGHT * output_tokens) / self.weight
+
+
+NOBODY = Share()
+
+
+class Ledger(Protocol):
+    """Each tenant's counter, per class (``key`` is ``(class, tenant)``)."""
+
+    def get(self, key: tuple[str, str | None]) -> float: ...
+
+    def add(self, key: tuple[str, str | None], amount: float) -> None: ...
+
+    def lift(self, key: tuple[str, str | None], floor: float) -> None:
+        """Raise the counter to ``floor`` if below it."""
+
+
+class LocalLedger:
+    """Counters in this process's memory (bounded by the configured keys: one per tenant)."""
+
+    def __init__(self) -> None:
+        self._counters: dict[tuple[str, str | None], float] = {}
+
+    def get(self, key: tuple[str, str | None]) -> float:
+        return self._counters.get(key, 0.0)
+
+    def add(self, key: tuple[str, str | None], amount: float) -> None:
+        self._counters[key] = self._counters.get(key, 0.0) + amount
+
+    def lift(self, key: tuple[str, str | None], floor: float) -> None:
+        if self._counters.get(key, 0.0) < floor:
+            self._counters[key] = floor
+
+
+class FairQueue(Generic[W]):
+    """One class's waiters, by band, then least served tenant, then arrival."""
+
+    def __init__(self, cls: str, ledger: Ledger) -> None:
+        self._cls = cls
+        self._ledger = ledger
+        self._bands: dict[int, dict[str | None, deque[W]]] = {}
+        self._where: dict[W, Share] = {}
+        self._last = 0.0  # the counter of the tenant served last
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, waiter: object) -> bool:
+        return waiter in self._where
+
+    def put(self, waiter: W, share: Share = NOBODY, *, front: bool = False) -> None:
+        """Queue ``waiter``: after its tenant's others, or before them (a waiter woken for
+        nothing keeps its turn)."""
+        tenants = self._bands.setdefault(share.band, {})
+        own = tenants.get(share.tenant)
+        if own is None:  # starts waiting: no credit saved up meanwhile
+            waiting = [self._ledger.get((self._cls, t)) for t in tenants]
+            self._ledger.lift((self._cls, share.tenant), min(waiting, default=self._last))
+            own = tenants[share.tenant] = deque()
+        own.appendleft(waiter) if front else own.append(waiter)
+        self._where[waiter] = share
+
+    def discard(self, waiter: W) -> None:
+        share = self._where.pop(waiter, None)
+        if share is None:
+            return
+        tenants = self._bands[share.band]
+        own = tenants[share.tenant]
+        own.remove(waiter)
+        if not own:
+            del tenants[share.tenant]
+            if not tenants:
+                del self._bands[share.band]
+
+    def pop(self) -> W | None:
+        """The next waiter out of the queue: of the highest band, the least served tenant's
+        first (ties: the tenant waiting longest)."""
+        if not self._bands:
+            return None
+        tenants = self._bands[max(self._bands)]
+        ledger, cls = self._ledger, self._cls
+        tenant = min(tenants, key=lambda t: ledger.get((cls, t)))
+        waiter = tenants[tenant][0]
+        self._last = ledger.get((cls, tenant))
+        self.discard(waiter)
+        return waiter
+
+    def served(self, share: Share, prompt_tokens: int, output_tokens: int) -> None:
+        """A request of ``share`` was admitted (waited or not): count its service."""
+        self._ledger.add((self._cls, share.tenant), share.cost(prompt_tokens, output_tokens))
+
+    def shed(self, band: int) -> W | None:
+        """Take out and return the youngest waiter of the lowest band waiting, if that band is
+        below ``band`` (a newcomer of ``band`` takes its place); None when there is none."""
+        if not self._bands:
+            return None
+        lowest = min(self._bands)
+        if lowest >= band:
+            return None
+        tenants = self._bands[lowest]
+        # The most served tenant's youngest: the one fairness would have served last.
+        ledger, cls = self._ledger, self._cls
+        tenant = max(tenants, key=lambda t: ledger.get((cls, t)))
+        waiter = tenants[tenant][-1]
+        self.discard(waiter)
+        return waiter
+
+
+def engine_priority(policy_priority: int | None, band: int) -> int | None:
+    """The ``priority`` field for an engine that schedules by it (vLLM: lower first): the
+    policy's (say, spill's 10 for a spilled request), moved earlier by the key's band."""
+    if band == 0:
+        return policy_priority
+    return (policy_priority or 0) - band

@@ -1,0 +1,92 @@
+"""router.control.fair: bands, least attained service per tenant, weights, shedding."""
+
+from __future__ import annotations
+
+from router.control.fair import FairQueue, LocalLedger, Share, engine_priority
+
+HEAVY, LIGHT = Share("heavy"), Share("light")
+
+
+def drain(q: FairQueue[str], serve: dict[str, Share] | None = None) -> list[str]:
+    """Pop every waiter; with ``serve``, count each popped one's service (100 prompt tokens)
+    as admission does."""
+    out = []
+    while (w := q.pop()) is not None:
+        out.append(w)
+        if serve is not None:
+            q.served(serve[w], 100, 0)
+    return out
+
+
+def test_a_light_tenant_waits_behind_one_heavy_request_not_its_whole_flood() -> None:
+    q: FairQueue[str] = FairQueue("batch", LocalLedger())
+    shares = {}
+    for i in range(5):
+        q.put(f"h{i}", HEAVY)
+        shares[f"h{i}"] = HEAVY
+    q.served(HEAVY, 5000, 0)  # heavy has been served a lot already
+    q.put("l0", LIGHT)
+    shares["l0"] = LIGHT
+    order = drain(q, shares)
+    assert order.index("l0") <= 1  # FIFO would have made it the sixth
+    assert [w for w in order if w != "l0"] == [f"h{i}" for i in range(5)]  # a tenant's order
+
+
+def test_backlogged_tenants_alternate_by_service_and_weight() -> None:
+    q: FairQueue[str] = FairQueue("batch", LocalLedger())
+    double = Share("double", weight=2.0)
+    shares = {}
+    for i in range(30):
+        for name, share in (("d", double), ("s", HEAVY)):
+            q.put(f"{name}{i}", share)
+            shares[f"{name}{i}"] = share
+    first = drain(q, shares)[:30]
+    served = sum(1 for w in first if w.startswith("d"))
+    assert served == 20  # weight 2 against 1: two thirds of the turns
+
+
+def test_higher_bands_first_whoever_has_been_served_least() -> None:
+    q: FairQueue[str] = FairQueue("interactive", LocalLedger())
+    q.put("low", Share("a", band=-1))
+    q.put("mid", Share("b"))
+    q.served(Share("c", band=2), 10**6, 0)
+    q.put("top", Share("c", band=2))
+    assert drain(q) == ["top", "mid", "low"]
+
+
+def test_credit_is_not_saved_up_while_idle() -> None:
+    ledger = LocalLedger()
+    q: FairQueue[str] = FairQueue("batch", ledger)
+    q.put("a0", HEAVY)
+    q.served(HEAVY, 10_000, 0)
+    q.put("b0", LIGHT)  # new, counter 0: lifted to heavy's 10,000, not left 10,000 behind
+    assert ledger.get(("batch", "light")) == ledger.get(("batch", "heavy")) == 10_000
+    assert len(q) == 2 and "b0" in q
+
+
+def test_the_lowest_band_is_shed_first_youngest_of_the_most_served() -> None:
+    q: FairQueue[str] = FairQueue("batch", LocalLedger())
+    q.put("x0", Share("x", band=-1))
+    q.put("x1", Share("x", band=-1))
+    q.put("y0", Share("y", band=-1))
+    q.served(Share("x", band=-1), 1000, 0)
+    assert q.shed(-1) is None  # only a higher band takes a place
+    assert q.shed(0) == "x1"
+    q.put("z", Share("z", band=0))
+    assert q.shed(1) == "x0"  # the lowest band still, its most served tenant first
+    assert drain(q) == ["z", "y0"]
+
+
+def test_discard_leaves_no_trace() -> None:
+    q: FairQueue[str] = FairQueue("batch", LocalLedger())
+    q.put("a", HEAVY)
+    q.discard("a")
+    q.discard("a")
+    assert len(q) == 0 and q.pop() is None and q.shed(5) is None
+
+
+def test_the_band_moves_an_engines_priority_field() -> None:
+    assert engine_priority(None, 0) is None
+    assert engine_priority(10, 0) == 10  # spill's, untouched
+    assert engine_priority(None, 2) == -2  # vLLM serves lower values first
+    assert engine_priority(10, -1) == 11
