@@ -26,6 +26,7 @@ from router.batch.service import BatchService
 from router.config.model import ConfigError, RouterConfig
 from router.control.admission import Admission
 from router.control.auth import POLICIES_PATH, Gate, admin_only
+from router.control.fair import Ledger
 from router.control.quota import QuotaStore, QuotaTable
 from router.control.redis_quota import RedisQuotas
 from router.control.slo import slo_table
@@ -47,6 +48,8 @@ from router.server.wire import Connections, LeanSite
 
 log = logging.getLogger("router")
 STATE = web.AppKey("state", RouterState)
+POLL = 0.05
+"""Seconds between looks of a worker's first waiter for a slot another worker freed."""
 RELOADER = web.AppKey("reloader", Reloader)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -83,6 +86,7 @@ def build_app(
     resolver: Resolver = resolve_dns,
     shared: WorkerRow | None = None,
     quotas: QuotaTable | None = None,
+    fairness: Ledger | None = None,
     router: RouterName | None = None,
     tracing: Tracing | None = None,
 ) -> web.Application:
@@ -91,7 +95,8 @@ def build_app(
     With ``config_path``, ``POST /turnout/reload`` (and :data:`RELOADER`) reload from it.
     ``resolver`` looks up discovered backends' names (a test may give its own).
     ``shared``: this worker's row of the backend load its router's workers share;
-    ``quotas``: its handle on their API keys' usage (router.control.quota); ``router``:
+    ``quotas``: its handle on their API keys' usage (router.control.quota), ``fairness``:
+    on their admission queues' counters (router.control.fair_shared); ``router``:
     which router it is one of, for the in-flight counts replicas exchange
     (router.backends.fleet_load; by default a router of its own).
     ``tracing``: what the environment asks for unless given (router.observe.tracing).
@@ -116,7 +121,8 @@ def build_app(
         snapshot=Snapshot(config, policies, gate, slo_table(policies, config.default_policy)),
         pool=pool,
         metrics=metrics,
-        admission=Admission(config.admission),
+        # A slot another worker frees wakes nobody here: its waiters look again now and then.
+        admission=Admission(config.admission, fairness, None if fairness is None else POLL),
         shadows=Shadows(config.shadow, pool, metrics, config.limits),
         tracing=tracing if tracing is not None else tracing_from_env(),
     )

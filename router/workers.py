@@ -1,10 +1,10 @@
 """``turnout serve --workers N``: the parent process that forks the workers and keeps them up.
 
-The parent maps the backend load and the API keys' usage the workers share and points every
-worker's metrics at one fresh directory before forking, so any worker's /metrics shows them
-all. Then it only waits
-for signals: SIGHUP is passed on (each worker reloads), SIGINT and SIGTERM stop every worker
-(each drains), and SIGCHLD means a worker died.
+The parent maps the backend load, the API keys' usage and the fair queues' counters the
+workers share and points every worker's metrics at one fresh directory before forking, so
+any worker's /metrics shows them all. Then it only waits for signals: SIGHUP is passed on
+(each worker reloads), SIGINT and SIGTERM stop every worker (each drains), and SIGCHLD means
+a worker died.
 
 A dead worker is replaced, as gunicorn and uvicorn's supervisors do: otherwise a crash (an
 OOM kill, a bug) leaves the pod serving on fewer processes until someone restarts it, with
@@ -37,6 +37,7 @@ from router.app import listen_socket
 from router.backends.fleet_load import unique_name
 from router.backends.shared import SharedLoad
 from router.config.model import RouterConfig
+from router.control.fair_shared import SharedFairness
 from router.control.quota import SharedQuotas
 from router.observe.sharing import forget_worker, share_between_workers
 
@@ -49,11 +50,12 @@ _SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
 
 @dataclass(frozen=True, slots=True)
 class Sharing:
-    """What the workers of one router share: backend load, API keys' usage and a metrics
-    directory."""
+    """What the workers of one router share: backend load, API keys' usage, the admission
+    queues' counters and a metrics directory."""
 
     load: SharedLoad
     quotas: SharedQuotas
+    fairness: SharedFairness
     metrics_dir: Path
     router_id: str
     """What replicas call this router by (router.backends.fleet_load)."""
@@ -78,7 +80,13 @@ def supervise(
     stops them; ``announce(url)`` once all are up. Returns the exit code."""
     metrics_dir = Path(tempfile.mkdtemp(prefix="turnout-metrics-"))
     share_between_workers(metrics_dir)
-    sharing = Sharing(SharedLoad(workers), SharedQuotas(workers), metrics_dir, unique_name())
+    sharing = Sharing(
+        SharedLoad(workers),
+        SharedQuotas(workers),
+        SharedFairness(workers),
+        metrics_dir,
+        unique_name(),
+    )
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         return _Supervisor(config, first, path, worker, sharing).run(workers, announce)
@@ -158,6 +166,7 @@ class _Supervisor:
             self._restarts.append(now)
             self._sharing.load.clear(index)
             self._sharing.quotas.clear(index)
+            self._sharing.fairness.clear(index)
             forget_worker(self._sharing.metrics_dir, pid)
             self._spawn(index, None)
         return True

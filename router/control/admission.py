@@ -83,7 +83,7 @@ class WaitQueues(Generic[W]):
         the head of its queue, so a full queue does not refuse it."""
         limits = self.settings.for_class(cls)
         retry = self.settings.retry_after
-        if not front and len(self._queues[cls]) >= limits.queue_size:
+        if not front and self._queues[cls].waiting() >= limits.queue_size:
             return QueueRejected(f"{FULL}, and the {cls} queue is full", retry, "queue_full")
         if now >= since + limits.max_wait:
             return QueueRejected(f"{FULL} for over {limits.max_wait:g} s", retry, "max_wait")
@@ -122,9 +122,22 @@ class Admission:
     """The router's admission: :class:`WaitQueues` of futures on its event loop, one per
     router app, used from the event loop only."""
 
-    def __init__(self, settings: AdmissionSettings) -> None:
+    def __init__(
+        self, settings: AdmissionSettings, ledger: Ledger | None = None, poll: float | None = None
+    ) -> None:
+        """``ledger``: the fair queues' counters (default: this process's own). ``poll``:
+        while requests wait, wake the first every ``poll`` seconds to look again, for slots
+        freed where no :meth:`release` is called (another worker of the router)."""
         self.settings = settings
-        self.queues: WaitQueues[asyncio.Future[None]] = WaitQueues(settings)
+        self.queues: WaitQueues[asyncio.Future[None]] = WaitQueues(settings, ledger)
+        self._poll = poll
+        self._poller: asyncio.Task[None] | None = None
+
+    async def _polling(self, every: float) -> None:
+        while any(self.queues.waiting(cls) for cls in REQUEST_CLASSES):
+            await asyncio.sleep(every)
+            self.release()
+        self._poller = None
 
     def waiting(self, cls: RequestClass) -> int:
         """Requests of ``cls`` waiting now."""
@@ -161,6 +174,8 @@ class Admission:
                 raise refusal
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             queues.put(cls, waiter, share, front=front)
+            if self._poll is not None and self._poller is None:
+                self._poller = asyncio.create_task(self._polling(self._poll))
             try:
                 async with asyncio.timeout_at(_loop_time(queues.deadline(cls, since))):
                     await waiter

@@ -59,6 +59,9 @@ class Ledger(Protocol):
     def lift(self, key: tuple[str, str | None], floor: float) -> None:
         """Raise the counter to ``floor`` if below it."""
 
+    def queued(self, cls: str, own: int) -> int:
+        """Record that ``own`` of ``cls`` wait here; how many wait in the router."""
+
 
 class LocalLedger:
     """Counters in this process's memory (bounded by the configured keys: one per tenant)."""
@@ -76,6 +79,9 @@ class LocalLedger:
         if self._counters.get(key, 0.0) < floor:
             self._counters[key] = floor
 
+    def queued(self, cls: str, own: int) -> int:
+        return own
+
 
 class FairQueue(Generic[W]):
     """One class's waiters, by band, then least served tenant, then arrival."""
@@ -89,6 +95,10 @@ class FairQueue(Generic[W]):
 
     def __len__(self) -> int:
         return len(self._where)
+
+    def waiting(self) -> int:
+        """How many wait in this class in the router (every worker's queue, if shared)."""
+        return self._ledger.queued(self._cls, len(self._where))
 
     def __contains__(self, waiter: object) -> bool:
         return waiter in self._where
@@ -104,6 +114,7 @@ class FairQueue(Generic[W]):
             own = tenants[share.tenant] = deque()
         own.appendleft(waiter) if front else own.append(waiter)
         self._where[waiter] = share
+        self._ledger.queued(self._cls, len(self._where))
 
     def discard(self, waiter: W) -> None:
         share = self._where.pop(waiter, None)
@@ -116,6 +127,7 @@ class FairQueue(Generic[W]):
             del tenants[share.tenant]
             if not tenants:
                 del self._bands[share.band]
+        self._ledger.queued(self._cls, len(self._where))
 
     def pop(self) -> W | None:
         """The next waiter out of the queue: of the highest band, the least served tenant's

@@ -103,7 +103,7 @@ class _Alone:
         return None
 
 
-class _RecordLock:
+class RecordLock:
     """An exclusive POSIX record lock on the segment's file (released if its holder dies)."""
 
     __slots__ = ("_fd",)
@@ -119,7 +119,7 @@ class _RecordLock:
         fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
 
-def _key(quota: str) -> float:
+def row_key(quota: str) -> float:
     """A quota's row key: 52 bits of its hash, exact as a double, never 0."""
     digest = hashlib.blake2b(quota.encode(), digest_size=8).digest()
     return float((int.from_bytes(digest, "little") >> 12) or 1)
@@ -243,7 +243,7 @@ class QuotaTable:
         at = self._rows.get(quota)
         if at is not None:
             return at
-        key, w, width = _key(quota), self._words, self._width
+        key, w, width = row_key(quota), self._words, self._width
         rows = len(w) // width
         start = int(key) % rows
         for i in range(rows):
@@ -287,7 +287,7 @@ class SharedQuotas:
         """Worker ``worker``'s handle (writes its own count column, reads all of them)."""
         if not 0 <= worker < self.workers:
             raise ValueError(f"worker {worker} of {self.workers}")
-        return QuotaTable(self._words, self.workers, worker, _RecordLock(self._fd), clock)
+        return QuotaTable(self._words, self.workers, worker, RecordLock(self._fd), clock)
 
     def clear(self, worker: int) -> None:
         """Zero worker ``worker``'s open requests (the parent, when it died)."""

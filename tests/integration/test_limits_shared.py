@@ -146,3 +146,24 @@ def test_a_backends_max_inflight_caps_the_fleet_not_each_router(
         assert [f.result().status for f in long] == [200, 200]
         time.sleep(1.0)
         assert chat(b.url).status == 200  # the slots came back to the fleet
+
+
+def test_a_class_queue_is_bounded_across_the_workers_of_a_router(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    doc = config(emulator)
+    doc["backends"][0]["max_inflight"] = 1
+    doc["admission"] = {"interactive": {"queue_size": 2, "max_wait": 10}}
+    with (
+        start_router(write_config(tmp_path, doc), ["--workers", "2"]) as router,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        long = pool.submit(chat, router.url, 3000)
+        time.sleep(0.5)
+        waiting = [pool.submit(chat, router.url) for _ in range(6)]
+        replies = [f.result() for f in waiting]
+        assert long.result().status == 200
+    full = [r for r in replies if r.status == 429]
+    assert len(full) == 4  # two waited, in whichever worker: the queue is the router's
+    assert {r.headers["x-turnout-refused"] for r in full} == {"queue_full"}
+    assert len({worker(r) for r in replies}) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from router.control.fair import FairQueue, LocalLedger, Share, engine_priority
+from router.control.fair_shared import SharedFairness
 
 HEAVY, LIGHT = Share("heavy"), Share("light")
 
@@ -90,3 +91,20 @@ def test_the_band_moves_an_engines_priority_field() -> None:
     assert engine_priority(10, 0) == 10  # spill's, untouched
     assert engine_priority(None, 2) == -2  # vLLM serves lower values first
     assert engine_priority(10, -1) == 11
+
+
+def test_the_workers_of_a_router_share_counters_and_queue_lengths() -> None:
+    shared = SharedFairness(2)
+    one, two = shared.ledger(0), shared.ledger(1)
+    a: FairQueue[str] = FairQueue("batch", one)
+    b: FairQueue[str] = FairQueue("batch", two)
+    a.served(HEAVY, 1000, 0)  # served by worker 0...
+    assert two.get(("batch", "heavy")) == 1000  # ...counts in worker 1's choice too
+    b.put("l", LIGHT)
+    b.put("h", HEAVY)
+    assert b.pop() == "l"
+    a.put("x", HEAVY)
+    b.put("y", LIGHT)
+    assert a.waiting() == b.waiting() == 3  # the router's, not the worker's
+    shared.clear(1)  # worker 1 died with its waiters
+    assert a.waiting() == 1

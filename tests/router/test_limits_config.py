@@ -119,3 +119,14 @@ def test_the_limits_store() -> None:
         "limits.store.size",
     }
     assert "limits.store.redis.url" in errors_of(dict(GOOD, limits={"store": {"redis": {}}}))
+
+
+def test_a_keys_band_and_weight() -> None:
+    key = {"name": "k", "sha256": DIGEST, "priority": -2, "weight": 3}
+    spec = parse_config(dict(GOOD, api_keys=[key])).api_keys[0]
+    assert (spec.priority, spec.weight) == (-2, 3.0)
+    bad = {"name": "k", "sha256": DIGEST, "priority": 1.5, "weight": 0}
+    assert set(errors_of(dict(GOOD, api_keys=[bad]))) == {
+        "api_keys[0].priority",
+        "api_keys[0].weight",
+    }
