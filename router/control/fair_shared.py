@@ -19,7 +19,7 @@ import os
 
 from policies.types import REQUEST_CLASSES
 from router.control.fair import LocalLedger
-from router.control.quota import RecordLock, row_key
+from router.control.quota import RecordLock, claim_row
 
 log = logging.getLogger("router")
 
@@ -106,20 +106,13 @@ class SharedLedger:
         at = self._rows.get(name)
         if at is not None:
             return at
-        key, w, width = row_key(name), self._words, self._width
-        rows = len(w) // width
-        start = int(key) % rows
         with self._lock:
-            for i in range(rows):
-                at = ((start + i) % rows) * width
-                if w[at] == 0.0:
-                    w[at + 1 : at + width] = memoryview(bytearray((width - 1) * 8)).cast("d")
-                    w[at] = key
-                elif w[at] != key:
-                    continue
-                self._rows[name] = at
-                return at
+            found = claim_row(self._words, self._width, name)
+        if found is not None:
+            self._rows[name] = found[0]
+            return found[0]
         if not self._full_warned:
+            rows = len(self._words) // self._width
             log.warning("fairness table full (%d counters): further ones count per worker", rows)
             self._full_warned = True
         return None

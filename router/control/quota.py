@@ -125,6 +125,25 @@ def row_key(quota: str) -> float:
     return float((int.from_bytes(digest, "little") >> 12) or 1)
 
 
+def claim_row(words: memoryview[float], width: int, name: str) -> tuple[int, bool] | None:
+    """The first word of ``name``'s row in a table of rows of ``width`` words, each a key then
+    zeros when claimed (the caller holds the lock that guards claims), and whether it was
+    claimed now; None when every row is taken."""
+    key = row_key(name)
+    rows = len(words) // width
+    start = int(key) % rows
+    for i in range(rows):
+        at = ((start + i) % rows) * width
+        held = words[at]
+        if held == _EMPTY:
+            words[at + 1 : at + width] = memoryview(bytearray((width - 1) * 8)).cast("d")
+            words[at] = key
+            return at, True
+        if held == key:
+            return at, False
+    return None
+
+
 def _level(words: memoryview[float], at: int, per_minute: int, now: float) -> float:
     """The bucket at word ``at`` (level, stamp), refilled to ``now``."""
     level = words[at]
@@ -243,21 +262,15 @@ class QuotaTable:
         at = self._rows.get(quota)
         if at is not None:
             return at
-        key, w, width = row_key(quota), self._words, self._width
-        rows = len(w) // width
-        start = int(key) % rows
-        for i in range(rows):
-            at = ((start + i) % rows) * width
-            held = w[at]
-            if held == _EMPTY:
-                w[at + 1 : at + width] = memoryview(bytearray((width - 1) * 8)).cast("d")
-                w[at + 1] = w[at + 3] = _FULL
-                w[at] = key
-            elif held != key:
-                continue
+        found = claim_row(self._words, self._width, quota)
+        if found is not None:
+            at, new = found
+            if new:
+                self._words[at + 1] = self._words[at + 3] = _FULL
             self._rows[quota] = at
             return at
         if self._overflow is None:
+            rows = len(self._words) // self._width
             log.warning("quota table full (%d quotas): further ones count per process", rows)
             self._overflow = QuotaTable.private(self._clock, rows=64)
         return self._overflow
