@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar, cast
 
-from policies import adaptive, filters, pickers, prefix, scorers
+from policies import adaptive, filters, pd, pickers, prefix, scorers
 from policies.base import Filter, NullObserver, Picker, PipelineObserver, Policy, Scorer
 from policies.params import BuildContext, class_orders
 from policies.pipeline import PipelinePolicy
@@ -263,6 +263,7 @@ POLICY_TYPES: Mapping[str, PolicyFactory] = MappingProxyType(
         "pinned": _pinned,
         "pipeline": _pipeline,
         "adaptive": adaptive.make_adaptive,
+        "pd": lambda name, p, ctx: pd.make_pd(name, p, ctx, _pipeline),
     }
 )
 
