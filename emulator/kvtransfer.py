@@ -46,7 +46,7 @@ class Holds:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._held: dict[str, Sequence] = {}
+        self._held: dict[str, tuple[Sequence, float]] = {}  # id -> (sequence, expiry)
         self._expiry: list[tuple[float, str]] = []  # heap; an entry is stale once taken
         self._ids = itertools.count(1)
         self.expired = 0
@@ -56,7 +56,7 @@ class Holds:
         """Keep ``seq``'s blocks (it just finished) under a new transfer id."""
         tid = f"{next(self._ids)}"
         seq.transfer_id = tid
-        self._held[tid] = seq
+        self._held[tid] = (seq, now + self.timeout)
         heapq.heappush(self._expiry, (now + self.timeout, tid))
         return tid
 
@@ -72,13 +72,19 @@ class Holds:
         out: list[Sequence] = []
         while (t := self.next_expiry()) is not None and t <= now:
             _, tid = heapq.heappop(self._expiry)
-            out.append(self._held.pop(tid))
+            out.append(self._held.pop(tid)[0])
         self.expired += len(out)
         return out
 
-    def take(self, tid: str) -> Sequence | None:
-        """The held sequence ``tid`` names, no longer held (None: expired or unknown)."""
-        return self._held.pop(tid, None)
+    def take(self, tid: str, now: float) -> tuple[Sequence, bool] | None:
+        """The held sequence ``tid`` names, no longer held, and whether its hold had run out
+        by ``now`` (then counted as expired); None: unknown (or expired and freed before)."""
+        held = self._held.pop(tid, None)
+        if held is None:
+            return None
+        expired = held[1] <= now
+        self.expired += expired
+        return held[0], expired
 
     def __len__(self) -> int:
         return len(self._held)

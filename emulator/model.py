@@ -95,11 +95,12 @@ class Engine:
 
         Call :meth:`advance` up to ``now`` first (a hold due to expire by then is gone).
         """
-        seq = self.holds.take(transfer_id)
-        if seq is None:
+        taken = self.holds.take(transfer_id, now)
+        if taken is None:
             return None
+        seq, expired = taken
         self._free_held(seq, now)
-        return seq.prompt_tokens
+        return None if expired else seq.prompt_tokens
 
     def _free_held(self, seq: Sequence, now: float) -> None:
         rank = self.ranks[seq.rank]

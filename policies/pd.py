@@ -42,22 +42,29 @@ DECODE_PIPELINE = {"scorers": [{"type": "least-requests"}, {"type": "kv-cache"}]
 
 @dataclass(frozen=True, slots=True)
 class PhasePlan:
-    """Both hops' rankings for one request (heads serve, tails are each hop's failover)."""
+    """Both hops' decisions for one request (heads serve, tails are each hop's failover);
+    what :meth:`PdPolicy.choose` puts in its decision's ``memo``."""
 
-    prefill: tuple[str, ...]
-    """Empty when the prefill hop is skipped (or no prefill engine is healthy)."""
-    decode: tuple[str, ...]
-    fallback: tuple[str, ...] = ()
+    decode: Decision
+    prefill: Decision | None = None
+    """None when the prefill hop is skipped."""
+    fallback: Decision | None = None
     """Co-located backends for the whole request when every prefill fails."""
-    skipped: bool = False
-    """The decode engine first ranked holds enough of the prompt: no prefill hop."""
-    empty_reason: str | None = None
+
+    @property
+    def skipped(self) -> bool:
+        """The decode engine first ranked holds enough of the prompt: no prefill hop."""
+        return self.prefill is None
+
+    @property
+    def fallback_ranked(self) -> tuple[str, ...]:
+        return self.fallback.ranked if self.fallback is not None else ()
 
 
 @dataclass(slots=True)
 class PdPolicy:
-    """See the module. ``choose`` (the one-hop path: a shadow, a plain pick) ranks the decode
-    pool, then the fallback."""
+    """See the module. ``choose`` ranks the decode pool (the one hop of a shadow, or of a
+    skipped prefill) and keeps the whole :class:`PhasePlan` in the decision's ``memo``."""
 
     name: str
     prefill: PipelinePolicy
@@ -66,26 +73,42 @@ class PdPolicy:
     index: PrefixIndex
     """Where decodes were served: what each decode engine probably caches."""
     skip_above: float | None
+    fallback_names: frozenset[str] = frozenset()
     type: str = "pd"
 
     def plan(self, req: RequestInfo, candidates: Sequence[Candidate]) -> PhasePlan:
-        """Rank both pools (and the fallback) for ``req``."""
+        """Rank both pools (and the fallback) for ``req``. Pure."""
         decode = self.decode.choose(req, candidates)
-        fallback = self.fallback.choose(req, candidates).ranked if self.fallback else ()
-        if not decode.ranked:
-            return PhasePlan((), (), fallback, empty_reason=decode.empty_reason)
+        fallback = self.fallback.choose(req, candidates) if self.fallback else None
         blocks = req.prefix_blocks
-        if self.skip_above is not None and blocks:
-            self.index.observe(req, candidates)
+        if decode.ranked and self.skip_above is not None and blocks:
             share = self.index.matched(decode.ranked[0], blocks) / len(blocks)
             if share > self.skip_above:
-                return PhasePlan((), decode.ranked, fallback, skipped=True)
-        prefill = self.prefill.choose(req, candidates)
-        return PhasePlan(prefill.ranked, decode.ranked, fallback, empty_reason=prefill.empty_reason)
+                return PhasePlan(decode, None, fallback)
+        return PhasePlan(decode, self.prefill.choose(req, candidates), fallback)
 
     def choose(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Decision:
-        plan = self.plan(req, candidates)
-        return Decision(plan.decode + plan.fallback, empty_reason=plan.empty_reason)
+        phases = self.plan(req, candidates)
+        decode = phases.decode
+        return Decision(decode.ranked, empty_reason=decode.empty_reason, memo=phases)
+
+    def prefill_committed(self, req: RequestInfo, phases: PhasePlan, backend: str) -> None:
+        """The prefill hop goes to ``backend``: its pipeline's plugins record it."""
+        if phases.prefill is not None:
+            self.prefill.committed(req, phases.prefill, backend)
+
+    def committed(self, req: RequestInfo, decision: Decision, backend: str) -> None:
+        """The request's answer goes to ``backend`` (a decode engine, or a fallback)."""
+        phases = decision.memo
+        if not isinstance(phases, PhasePlan):
+            return
+        if self.fallback is not None and phases.fallback is not None and self._fallback(backend):
+            self.fallback.committed(req, phases.fallback, backend)
+        else:
+            self.decode.committed(req, phases.decode, backend)
+            survivors = phases.decode.memo  # the decode candidates: size the index by them
+            if isinstance(survivors, Sequence):
+                self.index.observe(req, survivors)
 
     def prefilled(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """A prefill hop ended on ``backend``: its pipeline's learners hear of it."""
@@ -93,17 +116,15 @@ class PdPolicy:
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """The request ended on ``backend`` (its decode engine, or a fallback)."""
-        if self.fallback is not None and group_of(backend) in self.fallback_names:
+        if self.fallback is not None and self._fallback(backend):
             self.fallback.on_finish(req, backend, outcome)
             return
         self.decode.on_finish(req, backend, outcome)
         if outcome.ok:
             self.index.record(backend, req.prefix_blocks)
 
-    @property
-    def fallback_names(self) -> frozenset[str]:
-        flt = self.fallback.filters[0] if self.fallback is not None else None
-        return flt.names if isinstance(flt, MembersFilter) else frozenset()
+    def _fallback(self, backend: str) -> bool:
+        return group_of(backend) in self.fallback_names
 
     def forget(self, backend: str) -> None:
         self.index.forget(backend)
@@ -146,14 +167,13 @@ def make_pd(name: str, p: Reader, ctx: BuildContext, build: PipelineBuilder) -> 
     """``pd`` from its params; ``build`` is the registry's pipeline builder."""
     prefill, p_names = _pool(name, p, ctx, "prefill", PREFILL_PIPELINE, build)
     decode, d_names = _pool(name, p, ctx, "decode", DECODE_PIPELINE, build)
-    fallback, _ = _pool(name, p, ctx, "fallback", DECODE_PIPELINE, build, required=False)
-    skip = p.number("skip_prefill_above", DEFAULT_SKIP, low=0.0, high=1.0)
-    if p.has("skip_prefill_above") and p.raw["skip_prefill_above"] is None:
-        skip = None
+    fallback, f_names = _pool(name, p, ctx, "fallback", DECODE_PIPELINE, build, required=False)
+    off = p.has("skip_prefill_above") and p.raw["skip_prefill_above"] is None
+    skip = None if off else p.number("skip_prefill_above", DEFAULT_SKIP, low=0.0, high=1.0)
     both = p_names & d_names
     if both:
         p.error("decode", f"{', '.join(sorted(both))} also listed under prefill")
     p.done()
     if prefill is None or decode is None:  # an error was recorded: the build fails
         prefill = decode = PipelinePolicy(name, "pd")
-    return PdPolicy(name, prefill, decode, fallback, PrefixIndex(None, d_names), skip)
+    return PdPolicy(name, prefill, decode, fallback, PrefixIndex(None, d_names), skip, f_names)

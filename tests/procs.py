@@ -174,6 +174,16 @@ def rss_kb(pid: int) -> int:
     return _status_kib(pid, "VmRSS")
 
 
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
+    """Poll ``predicate`` every 50 ms until it is true (True) or ``timeout`` s pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def peak_rss_mib(pid: int) -> float:
     """The process's peak RSS (the kernel's ``VmHWM``) since it started or since
     :func:`reset_peak_rss`, in MiB."""

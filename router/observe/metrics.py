@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from policies.types import REQUEST_CLASSES, RequestInfo
+from router.observe.hops import HopMetrics
 from router.observe.outcomes import EARLY_REJECTIONS, LATE_REJECTIONS
 
 # Fine enough to read a P95 TTFT anywhere from 1 ms to 60 s.
@@ -121,6 +122,8 @@ class Metrics:
             self._exposed = CollectorRegistry()
             MultiProcessCollector(self._exposed, path=str(workers_dir))  # type: ignore[no-untyped-call]
         self._live: list[tuple[Gauge, Callable[[], float]]] = []
+        self.hops = HopMetrics(r, TTFT_BUCKETS)
+        """A pd policy's hops (router.observe.hops)."""
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._requests = Counter(
             "turnout_requests_total",

@@ -55,7 +55,13 @@ def upstream_body(
 
 def splice_usage(raw: bytes) -> bytes:
     """Insert ``"stream_options":{"include_usage":true}`` before the object's closing brace."""
+    return splice_field(raw, _USAGE_OPTION)
+
+
+def splice_field(raw: bytes, member: bytes) -> bytes:
+    """Insert ``member`` (``"key":value``, encoded) before the object's closing brace; the
+    caller knows ``raw`` has no such key."""
     end = raw.rfind(b"}")
     head = raw[:end].rstrip()
     sep = b"" if head.endswith(b"{") else b","
-    return head + sep + _USAGE_OPTION + raw[end:]
+    return head + sep + member + raw[end:]

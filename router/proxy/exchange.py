@@ -24,6 +24,7 @@ from router.control.auth import STORE_DOWN_CODE
 from router.observe.outcomes import ANSWERED, FAILURES, REJECTED, Reason, answer_reason
 from router.observe.tracing import NO_TRACE, Ending, RequestTrace
 from router.proxy.drain import CODE as DRAIN_CODE
+from router.proxy.pd import Hops
 from router.proxy.relay import CLIENT_CLOSED
 from router.proxy.state import RouterState, Snapshot
 from router.proxy.upstream import UpstreamFault
@@ -86,6 +87,8 @@ class Exchange:
     """Why the request was not served, when the handler knows (else :meth:`final_reason` works it
     out from the status and the error)."""
     trace: RequestTrace = NO_TRACE
+    hops: Hops | None = None
+    """A ``pd`` policy's two hops (router.proxy.pd); ``backend`` is then the decode one."""
     _figures: StreamFigures | None = field(default=None, repr=False)
 
     @property
@@ -181,6 +184,8 @@ class Exchange:
         )
         for watch in state.on_finish:
             watch(cls, backend, ttft, reason)
+        if self.hops is not None:
+            self._hops_done(state, served, ttft)
         # A TTFT is the first token of an answer, not of an engine's error body.
         first = ttft if reason in ANSWERED else None
         if state.access_log.wanted(snap.config.access_log):
@@ -225,6 +230,17 @@ class Exchange:
         if state.capture is not None:
             state.capture.record(self)
 
+    def _hops_done(self, state: RouterState, served: bool, ttft: float | None) -> None:
+        hops = self.hops
+        assert hops is not None
+        first = None
+        if served and ttft is not None and hops.decode_sent is not None:
+            first = self.arrival + ttft - hops.decode_sent
+        phases = (hops.prefill_s, hops.handoff_s, first) if served else (None, None, None)
+        state.metrics.hops.done(
+            self.policy.name, hops.path, hops.prefill_backend, hops.prefills, phases
+        )
+
     def _access_line(
         self,
         cls: str,
@@ -247,6 +263,7 @@ class Exchange:
             "class": cls,
             "policy": self.policy.name,
             "backend": self.backend,
+            **({"prefill_backend": self.hops.prefill_backend} if self.hops is not None else {}),
             "attempts": self.attempts,
             "status": self.status,
             "reason": reason,
@@ -275,7 +292,12 @@ class Exchange:
             ts=iso_utc(self.arrival_wall),
             headers=self.headers,
             route=Route(
-                self.policy.name, self.request_class, self.backend, self.failovers, self.tenant
+                self.policy.name,
+                self.request_class,
+                self.backend,
+                self.failovers,
+                self.tenant,
+                self.hops.prefill_backend if self.hops is not None else None,
             ),
             resp=Response(
                 status=self.status,

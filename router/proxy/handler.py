@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from policies.base import Policy, reads_prefix
+from policies.pd import PdPolicy
 from policies.types import Endpoint, RequestInfo
 from router.control.auth import QuotaHold, Tenant
 from router.control.classify import Parsed, classify
@@ -23,6 +24,7 @@ from router.observe.outcomes import answer_reason
 from router.proxy.body import OFFLOAD_BYTES, asks_usage, upstream_body
 from router.proxy.drain import Ticket, shutting_down
 from router.proxy.exchange import Exchange
+from router.proxy.pd import Hops, TwoHop, open_two_hop
 from router.proxy.relay import CLIENT_CLOSED, failed_answer, relay
 from router.proxy.state import RouterState, Snapshot
 from router.proxy.tail import hold_first_token
@@ -104,38 +106,46 @@ async def handle(
         context = limits.context_tokens(state.pool.context_tokens(info.model))
         hold = await snap.gate.admit(tenant, info, context)
         add_usage = _router_asks_usage(parsed)
-        t = time.monotonic()
-        planned = _planned(state, policy, info, config.failover.max_attempts)
-        share = tenant.share if tenant is not None else NOBODY
-        targets = _targets(planned, parsed, ex.body, endpoint, add_usage, share.band)
-        cost = (info.prompt_tokens, info.expected_output_tokens)
-        first = await state.admission.take(info.request_class, targets, share, cost)
-        policy.committed(info, planned.decision, first.backend.name)
-        targets.insert(0, first)
-        if trace.recording:
-            ranked = [target.backend.name for target in targets]
-            trace.picked(policy.name, ranked, t, time.monotonic())
-        state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, snap.policies)
         timeouts = config.timeouts_for(info.request_class)
-        ex.sent = True
-        tail = config.tail.get(info.request_class) if info.stream else None
-        sent = time.monotonic()
-        opening = partial(
-            open_upstream,
-            state.connections,
-            req=info,
-            headers=headers,
-            timeouts=timeouts,
-            failover=config.failover,
-            on_failover=partial(_failed_over, state, policy.name),
-            trace=trace,
-            confirm=tail is None,
-        )
-        opened = await opening(targets, admission=state.admission)
-        if tail is not None:  # held until its first token (router.proxy.tail)
-            opened = await hold_first_token(
-                state, config, tail, opening, policy.name, info, opened, sent, targets
+        on_failover = partial(_failed_over, state, policy.name)
+        share = tenant.share if tenant is not None else NOBODY
+        if isinstance(policy, PdPolicy):  # a prefill hop, then a decode hop: router.proxy.pd
+            state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, snap.policies)
+            ex.sent, ex.hops = True, Hops()
+            two = TwoHop(state, policy, parsed, ex.body, PATHS[endpoint], add_usage, headers,
+                         timeouts, config.failover, on_failover, trace, share)  # fmt: skip
+            opened = await open_two_hop(two, ex.hops)
+        else:
+            t = time.monotonic()
+            planned = _planned(state, policy, info, config.failover.max_attempts)
+            targets = _targets(planned, parsed, ex.body, endpoint, add_usage, share.band)
+            cost = (info.prompt_tokens, info.expected_output_tokens)
+            first = await state.admission.take(info.request_class, targets, share, cost)
+            policy.committed(info, planned.decision, first.backend.name)
+            targets.insert(0, first)
+            if trace.recording:
+                ranked = [target.backend.name for target in targets]
+                trace.picked(policy.name, ranked, t, time.monotonic())
+            state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, snap.policies)
+            ex.sent = True
+            tail = config.tail.get(info.request_class) if info.stream else None
+            sent = time.monotonic()
+            opening = partial(
+                open_upstream,
+                state.connections,
+                req=info,
+                headers=headers,
+                timeouts=timeouts,
+                failover=config.failover,
+                on_failover=on_failover,
+                trace=trace,
+                confirm=tail is None,
             )
+            opened = await opening(targets, admission=state.admission)
+            if tail is not None:  # held until its first token (router.proxy.tail)
+                opened = await hold_first_token(
+                    state, config, tail, opening, policy.name, info, opened, sent, targets
+                )
         ticket.conn = opened.conn  # from here the drain cuts by aborting the upstream
         ex.backend = extra["X-Turnout-Backend"] = opened.target.backend.name
         ex.failovers = opened.failovers

@@ -7,18 +7,11 @@ import urllib.request
 import openai
 import pytest
 
+from router.proxy.pd import TO_DECODE
 from tests.emulator.conftest import client_for
 from tests.procs import start_emulator
 
 MODEL = "deepseek-v4.1-flash"
-TO_DECODE = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 PROMPT = " ".join(f"w{i}" for i in range(400))
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.integration.test_router_failover import metric, wait_for
-from tests.procs import start_emulator
+from tests.integration.test_router_failover import metric
+from tests.procs import start_emulator, wait_for
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.integration.test_router_failover import metric, wait_for
-from tests.procs import ROOT, Process
+from tests.integration.test_router_failover import metric
+from tests.procs import ROOT, Process, wait_for
 from tests.router.harness import client_for, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"

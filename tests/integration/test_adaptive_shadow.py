@@ -11,8 +11,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from router.config.model import ConfigError
 from router.config.parse import parse_config
-from tests.integration.test_router_failover import metric, wait_for
-from tests.procs import Process, start_emulator
+from tests.integration.test_router_failover import metric
+from tests.procs import Process, start_emulator, wait_for
 from tests.router.harness import base_config, client_for, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"

@@ -16,8 +16,7 @@ import orjson
 import pytest
 
 from router.server.wire import HALF_CLOSE_SECONDS
-from tests.integration.test_router_failover import wait_for
-from tests.procs import Process, start_emulator
+from tests.procs import Process, start_emulator, wait_for
 from tests.router.harness import base_config, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from router.backends.engines import parse_samples
-from tests.procs import Process, start_emulator
+from tests.procs import Process, start_emulator, wait_for
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -25,15 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(predicate: object, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def metric(text: str, pattern: str) -> float:

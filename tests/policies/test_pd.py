@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.pd import PdPolicy
+from policies.pd import PdPolicy, PhasePlan
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
 from policies.testing import make_candidate as cand
 from policies.testing import make_request
@@ -33,12 +33,16 @@ def test_each_pool_is_ranked_by_its_own_signals() -> None:
         cand("c0"),
     ]
     plan = policy.plan(req, cands)
-    assert plan.prefill == ("p1", "p0") and plan.decode == ("d1", "d0")
-    assert plan.fallback == ("c0",) and not plan.skipped
+    assert plan.prefill is not None and plan.prefill.ranked == ("p1", "p0")
+    assert plan.decode.ranked == ("d1", "d0")
+    assert plan.fallback_ranked == ("c0",) and not plan.skipped
     # prefix-aware prefill: once p0 has prefilled this prompt, it is preferred despite load
+    policy.prefill_committed(req, plan, "p0")
     policy.prefilled(req, "p0", OK)
-    assert policy.plan(req, cands).prefill[0] == "p0"
-    assert policy.choose(req, cands).ranked == ("d1", "d0", "c0")
+    again = policy.plan(req, cands).prefill
+    assert again is not None and again.ranked[0] == "p0"
+    decision = policy.choose(req, cands)
+    assert decision.ranked == ("d1", "d0") and isinstance(decision.memo, PhasePlan)
 
 
 def test_prefill_is_skipped_where_the_decode_engine_holds_the_prompt() -> None:
@@ -49,7 +53,7 @@ def test_prefill_is_skipped_where_the_decode_engine_holds_the_prompt() -> None:
     policy.on_finish(first, "d0", OK)  # the first turn decoded on d0, which caches it
     turn = make_request(prefix_blocks=(1, 2, 3, 4, 5))
     plan = policy.plan(turn, cands)
-    assert plan.skipped and plan.prefill == () and plan.decode[0] == "d0"
+    assert plan.skipped and plan.prefill is None and plan.decode.ranked[0] == "d0"
     other = make_request(prefix_blocks=(1, 2, 9, 9, 9))  # 2 of 5 blocks: below the threshold
     assert not policy.plan(other, cands).skipped
     never = pd(skip_prefill_above=None)
@@ -61,13 +65,18 @@ def test_no_healthy_decode_engine_empties_the_plan() -> None:
     policy = pd()
     cands = [cand("p0"), cand("d0", healthy=False), cand("d1", healthy=False), cand("c0")]
     plan = policy.plan(make_request(), cands)
-    assert plan.decode == () and plan.empty_reason and plan.fallback == ("c0",)
+    assert plan.decode.ranked == () and plan.decode.empty_reason
+    assert plan.fallback_ranked == ("c0",)
 
 
 def test_pipelines_are_configurable_and_mistakes_reported_at_their_paths() -> None:
     policy = pd(decode_pipeline={"scorers": ["queue-depth"], "picker": "round-robin"})
     cands = [cand("p0"), cand("p1"), cand("d0"), cand("d1"), cand("c0")]
-    picks = {policy.plan(make_request(), cands).decode[0] for _ in range(4)}
+    picks = set()
+    for _ in range(4):  # round-robin moves on as each choice is committed
+        decision = policy.choose(make_request(), cands)
+        policy.committed(make_request(), decision, decision.ranked[0])
+        picks.add(decision.ranked[0])
     assert picks == {"d0", "d1"}
     with pytest.raises(PolicyConfigError) as exc:
         build_policy(
@@ -80,5 +89,5 @@ def test_pipelines_are_configurable_and_mistakes_reported_at_their_paths() -> No
     paths = {path for path, _ in exc.value.errors}
     assert {"params.prefill[1]", "params.decode", "params.skip_prefill_above"} <= paths
     assert {"params.prefill_pipeline.scorers[0].type", "params.extra"} <= paths
-    with pytest.raises(PolicyConfigError, match="params.decode"):
+    with pytest.raises(PolicyConfigError, match=r"params\.decode"):
         build_policy("split", "pd", {"prefill": ["p0"]}, BACKENDS)

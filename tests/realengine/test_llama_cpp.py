@@ -7,7 +7,6 @@ Opt-in (``-m realengine``) and skipped unless ``make llama-server`` has built th
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from replay.replayer import target_calibration
 from replay.synth import Calibration
 from router.backends.engines import parse_samples
-from tests.procs import Process, start_emulator
+from tests.procs import Process, start_emulator, wait_for
 from tests.realengine.llama_server import MODEL, missing, start_llama_server
 from tests.router.harness import base_config, client_for, get, start_router, write_config
 
@@ -44,15 +43,6 @@ def router_config(llama: str, emu: str, *, engine: str = "llamacpp") -> dict[str
     doc["aliases"] = {CHAT: {"llama": MODEL, "emu": EMU_MODEL}}
     doc["health"] |= {"scrape_interval": 0.2, "scrape_stale_after": 5}
     return doc
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def engine_gauges(llama: Process) -> dict[str, float]:
@@ -276,7 +266,7 @@ def test_unknown_kind_read_by_its_series_and_a_killed_engine_fails_over(
     with start_llama_server(slots=2) as server:
         doc = router_config(server.url, emu.url, engine="llama-cpp-by-another-name")
         with start_router(write_config(tmp_path, doc)) as r:
-            assert wait_for(lambda: backend(r, "llama")["load"] is not None)
+            assert wait_for(lambda: backend(r, "llama")["load"] is not None, 20)
             load = backend(r, "llama")["load"]
             assert (load["waiting"], load["running"]) == (0.0, 0.0)
             # killed: traffic for the shared model goes to the emulator

@@ -33,6 +33,8 @@ class Route:
     failovers: int = 0
     tenant: str | None = None
     """The client's API key as a keyed hash (router captures with API keys only)."""
+    prefill_backend: str | None = None
+    """The prefill engine of a disaggregated (``pd``) request; ``backend`` decoded it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,8 @@ def record_to_dict(rec: CaptureRecord) -> dict[str, Any]:
         }
         if r.tenant is not None:
             doc["route"]["tenant"] = r.tenant
+        if r.prefill_backend is not None:
+            doc["route"]["prefill_backend"] = r.prefill_backend
     if rec.resp is not None:
         s = rec.resp
         usage: dict[str, Any] = {
@@ -203,6 +207,7 @@ def record_from_dict(doc: Mapping[str, Any]) -> CaptureRecord:
             backend=_opt(r, "backend", str),
             failovers=_opt(r, "failovers", int) or 0,
             tenant=_opt(r, "tenant", str),
+            prefill_backend=_opt(r, "prefill_backend", str),
         )
     if (s := _section(doc, "resp")) is not None:
         usage = _section(s, "usage") or {}
