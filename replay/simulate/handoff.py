@@ -5,7 +5,7 @@ from __future__ import annotations
 from emulator.rank import Sequence
 from policies.pd import PhasePlan
 from replay.simulate.world import Backend, World
-from router.control.plan import Attempt, first_free, has_room
+from router.control.plan import has_room
 
 
 def prefill_engine(world: World, phases: PhasePlan, model: str) -> tuple[Backend, str] | None:
@@ -18,11 +18,6 @@ def prefill_engine(world: World, phases: PhasePlan, model: str) -> tuple[Backend
         if served is not None and has_room(backend.state):
             return backend, served
     return None
-
-
-def decode_attempt(attempts: tuple[Attempt, ...]) -> Attempt:
-    """The decode hop's engine: the first with room, else the first (see loop.py)."""
-    return attempts[first_free(attempts) or 0]
 
 
 def pull(prefill: Backend, held: Sequence, decode: Backend, seq: Sequence, now: float) -> None:

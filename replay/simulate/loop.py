@@ -11,6 +11,13 @@ and the :class:`~replay.client.Result` is what the live replayer would have reco
 tie a step that ends at the moment of an arrival completes first, as in the engine model.
 Nothing sleeps and nothing is sent: the clock jumps from one moment to the next.
 
+A ``pd`` policy's request takes its two hops as in the router (router/proxy/pd.py): when its
+first attempt is launched, a one-token prefill goes to the first prefill engine with room
+(none has: the decode engine prefills it), and when that ends the attempt's decode engine
+pulls its blocks (:mod:`emulator.kvtransfer`); a decode attempt after a failed one prefills
+afresh. While a prefill is in flight the engines run event by event, so it hands over at its
+own moment.
+
 TTFT, E2E and TPOT come from the engine model's own times for each sequence (its first and
 last token). The gaps between a stream's chunks are reported as that stream's mean gap, one
 per gap: the mean ITL is exact, ITL percentiles are over per-request means.
@@ -27,11 +34,13 @@ from typing import Any
 
 from emulator.rank import Sequence
 from policies.base import Policy, reads_prefix
+from policies.pd import PdPolicy, PhasePlan
 from policies.types import Outcome
 from replay.client import Result
 from replay.plan import Planned
 from replay.sessions import Turn
 from replay.simulate.attempts import Attempts, Waiter
+from replay.simulate.handoff import prefill_engine, pull
 from replay.simulate.prompts import Piece, Prompts
 from replay.simulate.requests import Refused, Routed, SimTurn, engine_sequence, understand
 from replay.simulate.world import Backend, World
@@ -105,6 +114,8 @@ class Simulation:
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._ready: list[tuple[float, int, Planned]] = []  # turns due after an answer
         self._queued = 0  # turns waiting for an answer: engines then run step by step
+        self._prefills: dict[Sequence, Attempt] = {}  # pd prefill hops: their decode attempt
+        self._pulls: dict[Waiter, tuple[Backend, Sequence] | None] = {}  # prefill hop ended
         self.router = Attempts(world.config, self._launch, self._refuse)
         """Admission, failover and timeouts, on the virtual clock."""
         self._model = world.model()
@@ -167,7 +178,7 @@ class Simulation:
         flights = self.flights
         target = until
         # an answer may release a turn or a waiting request before then
-        if self._queued or self._closed_loop or self.router.waiting:
+        if self._queued or self._closed_loop or self.router.waiting or self._prefills:
             due = [b.deadline for b in self.world.backends if b.deadline is not None]
             until = min([until, *due])
         for b in self.world.backends:
@@ -189,7 +200,11 @@ class Simulation:
         for t, _, f, seq in ended:
             del flights[seq]
             self.world.now = t
-            self._answer(f, seq, t)
+            decode = self._prefills.pop(seq, None)
+            if decode is not None:
+                self._hand_over(f, seq, decode, t)
+            else:
+                self._answer(f, seq, t)
         return until >= target
 
     def _arrive(self, planned: Planned, now: float, *, ready: bool = False) -> None:
@@ -231,8 +246,13 @@ class Simulation:
     def _launch(self, w: Waiter, attempt: Attempt, now: float) -> None:
         """``w``'s attempt on ``attempt``'s backend: the engine model takes it at ``now``."""
         info, backend = w.routed.info, self.world.by_name[attempt.backend.name]
-        if not w.failovers:  # the router commits the request to its first attempt's backend
+        hopped = w in self._pulls
+        if not w.failovers and not hopped:  # committed to its first attempt's backend
             self.policy.committed(info, w.plan.decision, backend.state.name)
+        phases = w.plan.decision.memo
+        two_hops = not hopped and isinstance(phases, PhasePlan) and phases.prefill is not None
+        if two_hops and isinstance(phases, PhasePlan) and self._prefill(w, attempt, phases, now):
+            return
         try:
             seq, finish, reply = engine_sequence(
                 w.routed,
@@ -246,6 +266,9 @@ class Simulation:
         except Refused as e:  # the engine's own error answer
             self._refused(w.routed.item, w.routed, e, now, backend.state.name)
             return
+        held = self._pulls.pop(w, None)
+        if held is not None:  # the decode hop of a pd request: it pulls the prefill's blocks
+            pull(held[0], held[1], backend, seq, now)
         f = Flight(w, seq, backend, backend.state.lease(info), finish, reply)
         self.flights[seq] = f
         backend.engine.submit(seq, now * backend.scale)
@@ -256,6 +279,41 @@ class Simulation:
             self.router.at(now + timeouts.idle, lambda t: self._idle(f, t), flying)
         elif not info.stream and (deadline := timeouts.deadline(False)) is not None:
             self.router.at(now + deadline, lambda t: self._timed_out(f, t), flying)
+
+    def _prefill(self, w: Waiter, decode: Attempt, phases: PhasePlan, now: float) -> bool:
+        """A ``pd`` request's prefill hop, one token long, its blocks held for ``decode``
+        (False: no prefill engine has room)."""
+        assert isinstance(self.policy, PdPolicy)
+        info = w.routed.info
+        found = prefill_engine(self.world, phases, info.model)
+        if found is None:
+            return False
+        backend, model = found
+        self.policy.prefill_committed(info, phases, backend.state.name)
+        try:
+            seq, finish, reply = engine_sequence(
+                w.routed, backend.profile, model, backend.seed,
+                backend.engine.capacity_tokens(), None, self.prompts,
+            )  # fmt: skip
+        except Refused as e:
+            self._refused(w.routed.item, w.routed, e, now, backend.state.name)
+            return True
+        seq.output_tokens, seq.hold_kv = 1, True
+        self.flights[seq] = Flight(w, seq, backend, backend.state.lease(info), finish, reply)
+        self._prefills[seq] = decode
+        backend.engine.submit(seq, now * backend.scale)
+        backend.refresh()
+        return True
+
+    def _hand_over(self, f: Flight, seq: Sequence, decode: Attempt, now: float) -> None:
+        """A ``pd`` request's prefill ended at ``now``: its decode attempt goes, and pulls."""
+        assert isinstance(self.policy, PdPolicy)
+        f.lease.ok()
+        f.lease.release()
+        self.router.released(now)
+        self.policy.prefilled(f.routed.info, f.backend.state.name, Outcome(200, True))
+        self._pulls[f.waiter] = (f.backend, seq)
+        self._launch(f.waiter, decode, now)
 
     def _cut(self, f: Flight, now: float) -> bool:
         """End ``f``'s attempt unanswered (the router closed its connection); False when it
