@@ -62,6 +62,19 @@ class Nominates(Protocol):
 
 
 @runtime_checkable
+class SharesPlacement(Protocol):
+    """A policy or plugin whose record of where prompts went (the cache-aware prefix record)
+    also learns from where the router's other processes sent theirs.
+
+    The router passes on, for each request such a policy sent, the backend and the prompt's
+    prefix blocks (router.control.placement), and each other process's instance records them
+    through :meth:`learn`; a policy whose ``shares_placement`` attribute is true is one.
+    """
+
+    def learn(self, backend: str, blocks: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
 class Forgets(Protocol):
     """A policy or plugin that keeps figures per backend name.
 

@@ -24,6 +24,7 @@ from policies.base import (
     Picker,
     PipelineObserver,
     Scorer,
+    SharesPlacement,
 )
 from policies.candidates import healthy, names_of
 from policies.pickers import MaxScorePicker, RoundRobinPicker
@@ -89,6 +90,9 @@ class PipelinePolicy:
     committers: tuple[Commits, ...] = field(init=False)
     reads_prefix: bool = field(init=False)
     """A plugin reads the prompt's prefix (see :func:`policies.base.reads_prefix`)."""
+    shares_placement: bool = field(init=False)
+    """A plugin learns from the placements of other router processes (:meth:`learn`)."""
+    _sharers: tuple[SharesPlacement, ...] = field(init=False)
     _nominators: tuple[Nominates, ...] = field(init=False)
     _filter_runs: tuple[_FilterRun, ...] = field(init=False)
     _scorer_runs: tuple[tuple[Scorer, float, _Timer], ...] = field(init=False)
@@ -99,6 +103,8 @@ class PipelinePolicy:
         self.learners = tuple(p for p in plugins if isinstance(p, Learner))
         self.committers = tuple(p for p in plugins if isinstance(p, Commits))
         self.reads_prefix = any(getattr(p, "reads_prefix", False) for p in plugins)
+        self._sharers = tuple(p for p in plugins if isinstance(p, SharesPlacement))
+        self.shares_placement = bool(self._sharers)
         self._nominators = tuple(p for p in plugins if isinstance(p, Nominates))
         name, obs = self.name, self.observer
         self._filter_runs = tuple(
@@ -182,6 +188,11 @@ class PipelinePolicy:
         """Forward the outcome to every plugin that learns."""
         for learner in self.learners:
             learner.on_finish(req, backend, outcome)
+
+    def learn(self, backend: str, blocks: Sequence[int]) -> None:
+        """Forward to every plugin that shares its placements (:class:`SharesPlacement`)."""
+        for plugin in self._sharers:
+            plugin.learn(backend, blocks)
 
     def forget(self, backend: str) -> None:
         """Forward to every plugin that keeps figures per backend (:class:`Forgets`)."""

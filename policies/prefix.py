@@ -249,6 +249,7 @@ class CacheAwareScorer:
     request finishes)."""
 
     reads_prefix: ClassVar[bool] = True
+    shares_placement: ClassVar[bool] = True
 
     index: PrefixIndex
     max_imbalance: int | None = DEFAULT_IMBALANCE
@@ -270,6 +271,10 @@ class CacheAwareScorer:
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         if outcome.ok:
             self.index.record(backend, req.prefix_blocks)
+
+    def learn(self, backend: str, blocks: Sequence[int]) -> None:
+        """Another router process sent a prompt of ``blocks`` to ``backend``."""
+        self.index.record(backend, blocks)
 
     def forget(self, backend: str) -> None:
         self.index.forget(backend)
@@ -305,6 +310,7 @@ class CacheAwarePolicy:
     """
 
     reads_prefix: ClassVar[bool] = True
+    shares_placement: ClassVar[bool] = True
 
     name: str
     index: PrefixIndex
@@ -361,6 +367,10 @@ class CacheAwarePolicy:
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         if outcome.ok:
             self.index.record(backend, req.prefix_blocks)
+
+    def learn(self, backend: str, blocks: Sequence[int]) -> None:
+        """Another router process sent a prompt of ``blocks`` to ``backend``."""
+        self.index.record(backend, blocks)
 
     def forget(self, backend: str) -> None:
         self.index.forget(backend)

@@ -27,6 +27,7 @@ from router.config.model import ConfigError, RouterConfig
 from router.control.admission import Admission
 from router.control.auth import POLICIES_PATH, Gate, admin_only
 from router.control.fair import Ledger
+from router.control.placement import PlacementFeed, WorkerRings
 from router.control.quota import QuotaStore, QuotaTable
 from router.control.redis_quota import RedisQuotas
 from router.control.slo import slo_table
@@ -87,6 +88,7 @@ def build_app(
     shared: WorkerRow | None = None,
     quotas: QuotaTable | None = None,
     fairness: Ledger | None = None,
+    placements: WorkerRings | None = None,
     router: RouterName | None = None,
     tracing: Tracing | None = None,
 ) -> web.Application:
@@ -96,7 +98,8 @@ def build_app(
     ``resolver`` looks up discovered backends' names (a test may give its own).
     ``shared``: this worker's row of the backend load its router's workers share;
     ``quotas``: its handle on their API keys' usage (router.control.quota), ``fairness``:
-    on their admission queues' counters (router.control.fair_shared); ``router``:
+    on their admission queues' counters (router.control.fair_shared), ``placements``: on
+    the rings their placements pass through (router.control.placement); ``router``:
     which router it is one of, for the in-flight counts replicas exchange
     (router.backends.fleet_load; by default a router of its own).
     ``tracing``: what the environment asks for unless given (router.observe.tracing).
@@ -138,7 +141,9 @@ def build_app(
     app[STATE] = state
     if router is None:
         router = RouterName(unique_name(), publishes=True)
-    app.cleanup_ctx.append(partial(_lifespan, resolver=resolver, router=router))
+    app.cleanup_ctx.append(
+        partial(_lifespan, resolver=resolver, router=router, placements=placements)
+    )
     app.on_response_prepare.append(_server_header)
     _routes(app, state)
     if config.batch is not None:  # after the app's own lifespan: lines need the router up
@@ -334,7 +339,7 @@ async def _server_header(_: web.Request, response: web.StreamResponse) -> None:
 
 
 async def _lifespan(
-    app: web.Application, resolver: Resolver, router: RouterName
+    app: web.Application, resolver: Resolver, router: RouterName, placements: WorkerRings | None
 ) -> AsyncIterator[None]:
     state = app[STATE]
     # limit=0: the router's own in-flight caps (max_inflight) bound the pool, not aiohttp.
@@ -368,9 +373,17 @@ async def _lifespan(
     load = None if url is None else FleetLoad(url, state.pool, router, state.admission.release)
     if load is not None:
         await load.start()
+    feed = PlacementFeed(lambda: state.policies, placements, url, router.id)
+    if feed.active:
+        state.placement = feed
+        await feed.start()
+        if url is not None:
+            state.metrics.watch_placement(lambda: 1.0 if feed.shared else 0.0)
     try:
         yield
     finally:
+        state.placement = None
+        await feed.aclose()
         if load is not None:
             await load.aclose()
         await state.fleet.aclose()

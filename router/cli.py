@@ -246,6 +246,7 @@ async def _worker(
             shared=sharing.load.row(index),
             quotas=sharing.quotas.table(index),
             fairness=sharing.fairness.ledger(index),
+            placements=sharing.placements.ring(index),
             router=RouterName(sharing.router_id, publishes=index == 0),
             tracing=tracing_from_env(warn=index == 0),  # the router says it once, not N times
         )

@@ -1,10 +1,10 @@
 """``turnout serve --workers N``: the parent process that forks the workers and keeps them up.
 
-The parent maps the backend load, the API keys' usage and the fair queues' counters the
-workers share and points every worker's metrics at one fresh directory before forking, so
-any worker's /metrics shows them all. Then it only waits for signals: SIGHUP is passed on
-(each worker reloads), SIGINT and SIGTERM stop every worker (each drains), and SIGCHLD means
-a worker died.
+The parent maps the backend load, the API keys' usage, the fair queues' counters and the
+placement rings the workers share and points every worker's metrics at one fresh directory
+before forking, so any worker's /metrics shows them all. Then it only waits for signals:
+SIGHUP is passed on (each worker reloads), SIGINT and SIGTERM stop every worker (each
+drains), and SIGCHLD means a worker died.
 
 A dead worker is replaced, as gunicorn and uvicorn's supervisors do: otherwise a crash (an
 OOM kill, a bug) leaves the pod serving on fewer processes until someone restarts it, with
@@ -38,6 +38,7 @@ from router.backends.fleet_load import unique_name
 from router.backends.shared import SharedLoad
 from router.config.model import RouterConfig
 from router.control.fair_shared import SharedFairness
+from router.control.placement import PlacementRings
 from router.control.quota import SharedQuotas
 from router.observe.sharing import forget_worker, share_between_workers
 
@@ -56,6 +57,7 @@ class Sharing:
     load: SharedLoad
     quotas: SharedQuotas
     fairness: SharedFairness
+    placements: PlacementRings
     metrics_dir: Path
     router_id: str
     """What replicas call this router by (router.backends.fleet_load)."""
@@ -84,6 +86,7 @@ def supervise(
         SharedLoad(workers),
         SharedQuotas(workers),
         SharedFairness(workers),
+        PlacementRings(workers),
         metrics_dir,
         unique_name(),
     )

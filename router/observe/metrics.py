@@ -316,6 +316,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemin",  # 0 when any worker cannot reach it
         )
+        self._placement = Gauge(
+            "turnout_placement_shared",
+            "1 while this process hears the other router replicas' placements (Redis), 0 "
+            "while it learns from its own router's alone.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         # Every reason exported at 0 from the start, so rate() and alerts see the series
         # before the first drop (Prometheus' advice for known label values).
         for reason in CAPTURE_DROP_REASONS:
@@ -446,6 +453,10 @@ class Metrics:
     def watch_limits_store(self, up: Callable[[], float]) -> None:
         """Read whether the shared limits store answers, at scrape time."""
         self._watch(self._limits_up, up)
+
+    def watch_placement(self, shared: Callable[[], float]) -> None:
+        """Read whether placements are shared with the other replicas, at scrape time."""
+        self._watch(self._placement, shared)
 
     def watch_prediction_error(self, policy: str, backend: str, read: Callable[[], float]) -> None:
         """Read a policy's own TTFT prediction error for a backend at scrape time."""

@@ -122,6 +122,8 @@ async def handle(
             cost = (info.prompt_tokens, info.expected_output_tokens)
             first = await state.admission.take(info.request_class, targets, share, cost)
             policy.committed(info, planned.decision, first.backend.name)
+            if state.placement is not None:
+                state.placement.placed(policy, first.backend.name, info.prefix_blocks)
             targets.insert(0, first)
             if trace.recording:
                 ranked = [target.backend.name for target in targets]

@@ -13,6 +13,7 @@ from router.backends.pool import Pool
 from router.config.model import RouterConfig
 from router.control.admission import Admission
 from router.control.auth import Gate
+from router.control.placement import PlacementFeed
 from router.control.slo import SloTable
 from router.observe.access import AccessLog
 from router.observe.capture import CaptureWriter
@@ -64,6 +65,9 @@ class RouterState:
     """Request traces (router.observe.tracing): a no-op unless OpenTelemetry is set up."""
     tail: TailMemory = field(default_factory=TailMemory)
     """Hedge budgets and measured TTFTs of the classes with ``tail`` settings."""
+    placement: PlacementFeed | None = None
+    """Passes this process's placements to the router's others (router.control.placement),
+    while the app runs and anyone listens."""
     _session: aiohttp.ClientSession | None = None
     _connections: ConnectionPool | None = None
 

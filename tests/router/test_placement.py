@@ -1,0 +1,37 @@
+"""router.control.placement: the workers' rings (wrapping, lapping) and what a feed learns."""
+
+from __future__ import annotations
+
+import orjson
+
+from policies.registry import BackendInfo, build_policy
+from policies.testing import make_candidate
+from policies.types import RequestInfo
+from router.control.placement import PlacementFeed, PlacementRings
+
+
+def test_records_pass_between_workers_across_the_ring_end() -> None:
+    rings = PlacementRings(3, size=64)
+    w0, w1, w2 = rings.ring(0), rings.ring(1), rings.ring(2)
+    for i in range(10):  # 10 x 24 bytes through a 64-byte ring, read as they come
+        w0.write(b"x" * 19 + str(i).encode())
+        assert w1.read() == [b"x" * 19 + str(i).encode()]
+    assert w0.read() == [] and w1.lost == 0
+    for _ in range(4):  # 96 bytes unread: w2 was lapped
+        w0.write(b"y" * 20)
+    assert w2.read() == [] and w2.lost == 1
+    w1.write(b"z")
+    assert w2.read() == [b"z"]
+
+
+def test_a_feed_teaches_the_policy_what_another_process_placed() -> None:
+    infos = [BackendInfo("one", "vllm", False), BackendInfo("two", "vllm", False)]
+    policy = build_policy("warm", "cache-aware", {}, infos)
+    feed = PlacementFeed(lambda: {"warm": policy}, None, None, "router")
+    blocks = (11, 22, 33)
+    feed.learn(orjson.dumps(["warm", "two", blocks]))
+    feed.learn(b"not json")  # skipped
+    feed.learn(orjson.dumps(["nobody", "one", blocks]))  # no such policy: skipped
+    req = RequestInfo("r", "chat", "m", "interactive", prompt_tokens=3000, prefix_blocks=blocks)
+    decision = policy.choose(req, [make_candidate("one"), make_candidate("two")])
+    assert decision.ranked[0] == "two" and decision.scores["two"] == 1.0
