@@ -3,10 +3,10 @@
 Proxied requests arrive through one of two servers: the lean HTTP/1.1 protocol
 (router.server.wire), which takes every request of the usual shape on the public port, and
 aiohttp, which serves the rest (other routes, requests of an unusual shape: see
-router.server.wire) and the batch lines' loopback site (router.server.site.AiohttpClient).
-The request path (router.proxy) reads the request and streams its answer through
-:class:`Client` and returns an :class:`Answer` for whatever it did not stream, so it has one
-body whichever server runs it.
+router.server.wire; router.server.site.AiohttpClient). Batch lines arrive through no server:
+the executor runs them in-process (router.batch.lines.LineRequest). The request path
+(router.proxy) reads the request and streams its answer through :class:`Client` and returns
+an :class:`Answer` for whatever it did not stream, so it has one body whoever runs it.
 """
 
 from __future__ import annotations
