@@ -13,9 +13,12 @@ going to be held: not an event stream, a stream that ended or broke, or more tha
 - **Deadline.** An attempt with no content by its deadline (from its send) is cut: its
   connection is closed (the engine frees the slot) and its lease released. If another
   attempt is live it simply goes on; else the next backends of the ranking are tried, and the
-  late attempt is cut once one of them answered its headers (if none does, it stays). The
-  last attempt is never cut: it gets ``last_attempt_grace`` times its deadline, and past that
-  its stream is let through to the client as it is. A cut attempt's lease is told it failed
+  late attempt is cut once one of them answered its headers (if none does, it stays). No
+  failover goes to a backend that is full or reports waiting requests: under saturation a
+  late token is the queue's, and cutting would only requeue the request. The last attempt
+  (as is one whose every backend left is queueing) is never cut: it gets
+  ``last_attempt_grace`` times its deadline, and past that its stream is let through to the
+  client as it is. A cut attempt's lease is told it failed
   only once another backend produced a first token for the same request, so a missed deadline
   counts toward ejection only as failures do (router.proxy.upstream's evidence rule).
 - **Hedge.** When the first attempt has no content after the hedge delay, the class's
@@ -233,7 +236,7 @@ class Race:
             others = any(x is not a and not x.late for x in self.live)
             if others:
                 self._cut(a, missed=True)
-            elif opening or first_free(self.rest) is not None:
+            elif opening or self._may_fail_over():
                 a.late = True  # cut once a failover's attempt has answered
             elif not a.graced:
                 a.graced = True
@@ -241,6 +244,12 @@ class Race:
             else:
                 return a  # let through, however late: never a 504 for a valid answer
         return None
+
+    def _may_fail_over(self) -> bool:
+        """A backend is left that has room and does not queue: under saturation a late
+        first token is the queue's, and another attempt would only join another queue."""
+        at = first_free(self.rest)
+        return at is not None and not self.queueing(self.rest[at])
 
     def _settled(self) -> _Attempt | None:
         """The attempt whose scan ended (content, or an answer not to be held), if any; one
