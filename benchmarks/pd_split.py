@@ -133,6 +133,7 @@ def default_pair(scale: float) -> Setup:
         b["emulator"]["time_scale"] = scale
     doc["listen"] = {"host": "127.0.0.1", "port": 0}
     doc["access_log"] = {"enabled": False}
+    doc.pop("batch", None)  # its store is one per data directory: another router may hold it
     doc["timeouts"]["interactive"] = {"first_byte": 600, "idle": 600, "total": 3600}
     return Setup("default pair (adaptive)", doc, "adaptive", 16)
 
@@ -188,8 +189,9 @@ def _figures(metrics: dict[str, Any], gpus: int, usd: float, scale: float = 1.0)
     )
 
 
-def simulate(setup: Setup, trace: Path, closed: bool) -> dict[str, Any]:
-    """One run in virtual time; the report's metrics (vLLM's names, ms)."""
+def simulate(setup: Setup, trace: Path, closed: bool, scale: float = 1.0) -> dict[str, Any]:
+    """One run in virtual time; the report's metrics (vLLM's names, ms). Engines at time
+    ``scale`` get the trace's arrivals compressed by it, as ``replay --speed`` sends them."""
     world = World(parse_config(setup.doc), {})
     items: Iterator[Item] = iter(Source(str(trace), model=world.model()))
     acc = Acc()
@@ -208,7 +210,7 @@ def simulate(setup: Setup, trace: Path, closed: bool) -> dict[str, Any]:
             sim.follow(Planned(0.002 * i, item))
         end = sim.run(iter(()))
     else:
-        end = sim.run(Planned((it.record.t_offset_ms or 0.0) / 1e3, it) for it in items)
+        end = sim.run(Planned((it.record.t_offset_ms or 0.0) / 1e3 / scale, it) for it in items)
     return dict(acc.metrics(end))
 
 
@@ -261,7 +263,8 @@ def table(a: argparse.Namespace, tmp: Path) -> None:
     for workload, (trace, closed) in traces.items():
         for pair in pairs:
             for setup in pair:
-                sim = _figures(simulate(setup, trace, closed), setup.gpus, a.gpu_usd_per_hour)
+                metrics = simulate(setup, trace, closed, scale)
+                sim = _figures(metrics, setup.gpus, a.gpu_usd_per_hour, scale)
                 print(_row(workload, setup, "simulated", sim), flush=True)
                 if a.live:
                     got = live(setup, trace, closed, scale, tmp)
