@@ -248,15 +248,23 @@ def turnout(urls: Sequence[str], directory: Path) -> Iterator[str]:
         stop_all([proc], 20)
 
 
+def vllm_router_binary() -> str | None:
+    """vllm-router's executable: beside this interpreter (installed into its venv), else on
+    the PATH; None when it is not installed."""
+    beside = os.path.join(os.path.dirname(sys.executable), "vllm-router")
+    return beside if os.path.exists(beside) else shutil.which("vllm-router")
+
+
 def start_vllm_router(
     binary: str,
     policy: str,
     urls: Sequence[str],
     directory: Path,
     env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """vllm-router with ``policy`` in front of ``urls`` (``env`` added to its environment),
-    once it answers; its log in ``directory``."""
+    once it answers (within ``timeout`` seconds); its log in ``directory``."""
     port = free_port()
     argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
             "--prometheus-port", str(free_port()), "--log-level", "warning",
@@ -266,7 +274,7 @@ def start_vllm_router(
             argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout
     while True:
         try:
             with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:

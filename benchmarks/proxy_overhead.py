@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -150,9 +151,11 @@ async def _load(
     burst: bool = False,
     stream: bool = True,
     auth: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> RunResult:
     """``streams`` requests, ``concurrency`` at a time; ``stream=False``: each answered by
-    one JSON body (counted as one chunk); ``auth``: an API key to send."""
+    one JSON body (counted as one chunk); ``auth``: an API key to send; ``headers``: more
+    request headers."""
     body = (
         b'{"model":"bench","messages":[{"role":"user","content":"hello"}],"stream":%s,'
         b'"max_tokens":%d}' % (b"true" if stream else b"false", chunks)
@@ -162,6 +165,7 @@ async def _load(
         "X-Bench-Gap-Ms": str(gap_ms),
         "X-Bench-Chunks": str(chunks),
         **({"Authorization": f"Bearer {auth}"} if auth is not None else {}),
+        **(headers or {}),
     }
     ttft: list[float] = []
     e2e: list[float] = []

@@ -18,17 +18,15 @@ the PATH (``pip install vllm-router``) it says so and prints the other rows alon
 
 from __future__ import annotations
 
-import os
-import shutil
 import statistics
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvloop
 
 from benchmarks.prefix_routing import start_vllm_router as start_vllm_router_in
+from benchmarks.prefix_routing import vllm_router_binary
 from benchmarks.proxy_overhead import _cpu_seconds, _load, _pct
 
 LENGTHS = (16, 64)
@@ -67,8 +65,7 @@ class Figures:
 def start_vllm_router(upstream: str, directory: Path) -> tuple[subprocess.Popen[bytes] | None, str]:
     """vllm-router on one tokio worker in front of ``upstream``: (process, URL), or (None, why
     it cannot run)."""
-    beside = os.path.join(os.path.dirname(sys.executable), "vllm-router")  # in this venv
-    binary = beside if os.path.exists(beside) else shutil.which("vllm-router")
+    binary = vllm_router_binary()
     if binary is None:
         return None, "vllm-router is not installed (pip install vllm-router)"
     try:
