@@ -40,13 +40,19 @@ def _together(n: int) -> list[dict[str, Any]]:
     return [{"timestamp": 0, "input_length": 2000, "output_length": 200} for _ in range(n)]
 
 
-def test_a_full_backend_makes_requests_wait_in_their_queue_then_refuses(tmp_path: Path) -> None:
+def _one_at_a_time(queue_size: int, max_wait: float) -> Any:
+    """The embedded default with every backend at ``max_inflight`` 1 and an interactive
+    queue."""
     doc = load_document(default_config_path())
     assert isinstance(doc, dict)
     for b in doc["backends"]:
         b["max_inflight"] = 1
-    doc["admission"] = {"interactive": {"queue_size": 2, "max_wait": 60}}
-    results = _run(parse_config(doc), "vllm-only", tmp_path, _together(4))
+    doc["admission"] = {"interactive": {"queue_size": queue_size, "max_wait": max_wait}}
+    return parse_config(doc)
+
+
+def test_a_full_backend_makes_requests_wait_in_their_queue_then_refuses(tmp_path: Path) -> None:
+    results = _run(_one_at_a_time(2, 60), "vllm-only", tmp_path, _together(4))
     assert [r.status for r in results] == [200, 200, 200, 429]
     assert "queue is full" in str((results[3].error or {}).get("message"))
     e2e = [r.e2e or 0.0 for r in results[:3]]
@@ -54,12 +60,7 @@ def test_a_full_backend_makes_requests_wait_in_their_queue_then_refuses(tmp_path
 
 
 def test_the_wait_runs_out_as_the_router_says(tmp_path: Path) -> None:
-    doc = load_document(default_config_path())
-    assert isinstance(doc, dict)
-    for b in doc["backends"]:
-        b["max_inflight"] = 1
-    doc["admission"] = {"interactive": {"queue_size": 8, "max_wait": 0.01}}
-    results = _run(parse_config(doc), "vllm-only", tmp_path, _together(2))
+    results = _run(_one_at_a_time(8, 0.01), "vllm-only", tmp_path, _together(2))
     assert [r.status for r in results] == [200, 429]
     assert "for over 0.01 s" in str((results[1].error or {}).get("message"))
 
