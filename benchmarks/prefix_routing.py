@@ -61,6 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "benchmarks" / "fixtures" / "shared_prefix_trace.jsonl"
 BLOCK_TOKENS = 512
 MAX_MODEL_LEN = 32768
+FLEET = "cache-aware 2x2"
+"""Two routers of two workers each, the trace split evenly between them (``--fleet``)."""
 TURNOUT = {
     "round-robin": {"type": "round-robin"},
     "least-outstanding": {"type": "least-outstanding"},
@@ -231,16 +233,26 @@ def replicas(args: argparse.Namespace) -> Iterator[list[str]]:
 
 
 @contextmanager
-def turnout(urls: Sequence[str], directory: Path) -> Iterator[str]:
+def turnout(
+    urls: Sequence[str],
+    directory: Path,
+    name: str = "router",
+    workers: int = 1,
+    redis: str | None = None,
+) -> Iterator[str]:
+    """A router of ``workers`` in front of ``urls``; with ``redis``, sharing through it."""
     doc: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": 0},
         "backends": [{"name": f"r{i}", "engine": "vllm", "url": u} for i, u in enumerate(urls)],
         "policies": TURNOUT,
         "default_policy": "round-robin",
     }
-    path = directory / "router.yaml"
+    if redis is not None:
+        doc["limits"] = {"store": {"redis": {"url": redis}}}
+    path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    argv = [sys.executable, "-m", "turnout", "serve", "--config", str(path), "--port", "0"]
+    argv = [sys.executable, "-m", "turnout", "serve", "--config", str(path), "--port", "0",
+            "--workers", str(workers)]  # fmt: skip
     proc, url = spawn_ready(argv, "turnout listening on", 60)
     try:
         yield url
@@ -322,21 +334,37 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def replay(url: str, policy: str | None, urls: Sequence[str], args: argparse.Namespace,
-           directory: Path, label: str) -> Figures:  # fmt: skip
-    """Replay the trace through ``url``; figures from the per-request results."""
-    results, report = directory / f"{label}.results.jsonl", directory / f"{label}.json"
-    argv = [sys.executable, "-m", "turnout", "replay", str(args.trace), "--target", url,
-            "--speed", str(args.speed or args.time_scale), "--no-progress",
-            "--results", str(results), "--out", str(report)]  # fmt: skip
-    if policy is not None:
-        argv += ["--policy", policy]
-    if args.max_requests is not None:
-        argv += ["--max-requests", str(args.max_requests)]
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, timeout=3600)
+def replay(targets: Sequence[str], policy: str | None, urls: Sequence[str],
+           args: argparse.Namespace, directory: Path, label: str) -> Figures:  # fmt: skip
+    """Replay the trace through ``targets``, its rows dealt out to them in turn (each part
+    on the trace's own clock, all at once); figures from the per-request results."""
+    traces = [args.trace]
+    if len(targets) > 1:
+        rows = args.trace.read_bytes().splitlines(keepends=True)
+        if args.max_requests is not None:
+            rows = rows[: args.max_requests]
+        traces = [directory / f"{label}.part{i}.jsonl" for i in range(len(targets))]
+        for i, part in enumerate(traces):
+            part.write_bytes(b"".join(rows[i :: len(targets)]))
+    runs, outputs = [], []
+    for i, (url, trace) in enumerate(zip(targets, traces, strict=True)):
+        results, report = directory / f"{label}.{i}.results.jsonl", directory / f"{label}.{i}.json"
+        argv = [sys.executable, "-m", "turnout", "replay", str(trace), "--target", url,
+                "--speed", str(args.speed or args.time_scale), "--no-progress",
+                "--results", str(results), "--out", str(report)]  # fmt: skip
+        if policy is not None:
+            argv += ["--policy", policy]
+        if args.max_requests is not None and len(targets) == 1:
+            argv += ["--max-requests", str(args.max_requests)]
+        runs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
+        outputs.append((results, report))
+    for run in runs:
+        if run.wait(timeout=3600) != 0:
+            raise RuntimeError(f"replay failed (exit {run.returncode})")
     scale = args.time_scale
     ttfts, e2es, failed = [], [], 0
-    for line in results.read_bytes().splitlines():
+    lines = [line for results, _ in outputs for line in results.read_bytes().splitlines()]
+    for line in lines:
         rec = parse_line(line)
         obs = rec.obs
         if rec.resp is None or rec.resp.status != 200 or obs is None or obs.ttft_ms is None:
@@ -344,7 +372,10 @@ def replay(url: str, policy: str | None, urls: Sequence[str], args: argparse.Nam
             continue
         ttfts.append(obs.ttft_ms / 1e3 * scale)
         e2es.append((obs.e2e_ms or 0.0) / 1e3 * scale)
-    overall = orjson.loads(report.read_bytes())["runs"][0]["overall"]
+    throughput = sum(
+        orjson.loads(report.read_bytes())["runs"][0]["overall"]["output_throughput"]
+        for _, report in outputs
+    )
     hits, queries = cache_counters(urls)
     return Figures(
         completed=len(ttfts),
@@ -352,7 +383,7 @@ def replay(url: str, policy: str | None, urls: Sequence[str], args: argparse.Nam
         p50_ttft=percentile(ttfts, 0.5),
         p90_ttft=percentile(ttfts, 0.9),
         mean_e2e=sum(e2es) / len(e2es) if e2es else float("nan"),
-        throughput=overall["output_throughput"] / scale,
+        throughput=throughput / scale,
         hit_rate=hits / queries if queries else 0.0,
     )
 
@@ -362,9 +393,38 @@ def run_one(label: str, args: argparse.Namespace, binary: str | None, directory:
         if label.startswith("vllm-router"):
             assert binary is not None
             with vllm_router(binary, label.split()[1], urls, directory) as url:
-                return replay(url, None, urls, args, directory, label.replace(" ", "-"))
+                return replay([url], None, urls, args, directory, label.replace(" ", "-"))
+        if label == FLEET:  # two routers of two workers, one Redis, the trace split evenly
+            with (
+                redis_server(directory) as redis,
+                turnout(urls, directory, "a", workers=2, redis=redis) as a,
+                turnout(urls, directory, "b", workers=2, redis=redis) as b,
+            ):
+                return replay([a, b], "cache-aware", urls, args, directory, "fleet")
         with turnout(urls, directory) as url:
-            return replay(url, label, urls, args, directory, label)
+            return replay([url], label, urls, args, directory, label)
+
+
+@contextmanager
+def redis_server(directory: Path) -> Iterator[str]:
+    """A redis-server on loopback (Debian's redis-server package); its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (Debian's redis-server package)")
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir",
+            str(directory)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(500):
+            try:
+                socket.create_connection(("127.0.0.1", port)).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        stop_all([proc])
 
 
 def table(rows: dict[str, Figures], bounds: Bounds) -> str:
@@ -431,13 +491,19 @@ def main(argv: list[str] | None = None) -> int:
         help="vllm-router binary (default: from PATH)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the run directory (results, logs)")
+    ap.add_argument(
+        "--fleet",
+        action="store_true",
+        help=f"also '{FLEET}': cache-aware through two routers of two workers sharing a\n"
+        "redis-server (started here), the trace's rows dealt out to the two in turn",
+    )
     ap.add_argument("--write-trace", type=Path, default=None,
                     help="write the synthetic trace to this path and exit")  # fmt: skip
     args = ap.parse_args(argv)
     if args.write_trace is not None:
         write_trace(args.write_trace)
         return 0
-    labels = [*TURNOUT, *VLLM_ROUTER]
+    labels = [*TURNOUT, *VLLM_ROUTER, *([FLEET] if args.fleet else [])]
     if args.only:
         labels = [x for x in labels if x in args.only.split(",")]
     if args.vllm_router is None:

@@ -22,6 +22,7 @@ counts instead (:meth:`PrefixIndex.open`).
 from __future__ import annotations
 
 import random
+import zlib
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,17 +69,26 @@ ten: the order of a queue's length under load)."""
 
 def prompt_blocks(text: str, size: int = BLOCK_CHARS) -> tuple[int, ...]:
     """The hash chain of ``text``'s full ``size``-character blocks (a partial tail is left
-    out, as an engine caches only full blocks).
+    out, as an engine caches only full blocks): block ``i``'s is ``i`` above the CRC-32 of
+    the text up to its end.
 
-    Python's string hash is salted per process; every prompt a policy sees is hashed in the
-    router process that holds the policy, so the chain is consistent where it is used.
+    The same in every process: the router's workers and replicas pass their placements to
+    one another (router.control.placement), so a chain must not depend on a per-process
+    salt, as Python's string hash does. A false match costs one misrouted prompt, never a
+    wrong answer, so CRC-32 at a given depth is enough, and it runs at memory speed.
     """
     out: list[int] = []
-    parent = 0
+    crc = 0
     end = min(len(text), size * MAX_BLOCKS) - size
-    for start in range(0, end + 1, size):
-        parent = hash((parent, text[start : start + size]))
-        out.append(parent)
+    if text.isascii():  # one encoding, sliced without copies
+        data = memoryview(text.encode("ascii"))
+        for i, start in enumerate(range(0, end + 1, size)):
+            crc = zlib.crc32(data[start : start + size], crc)
+            out.append(i << 32 | crc)
+    else:
+        for i, start in enumerate(range(0, end + 1, size)):
+            crc = zlib.crc32(text[start : start + size].encode("utf-8", "surrogatepass"), crc)
+            out.append(i << 32 | crc)
     return tuple(out)
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import orjson
 
 from policies.registry import BackendInfo, build_policy
@@ -35,3 +39,19 @@ def test_a_feed_teaches_the_policy_what_another_process_placed() -> None:
     req = RequestInfo("r", "chat", "m", "interactive", prompt_tokens=3000, prefix_blocks=blocks)
     decision = policy.choose(req, [make_candidate("one"), make_candidate("two")])
     assert decision.ranked[0] == "two" and decision.scores["two"] == 1.0
+
+
+def test_prefix_blocks_are_the_same_in_every_process() -> None:
+    """Placements pass between processes: a prompt's block chain must not be salted."""
+    code = "from policies.prefix import prompt_blocks as b; print(b('x' * 1000 + 'é' * 600))"
+    chains = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(chains) == 1 and chains.pop().count(",") == 5  # 6 full blocks of 256
