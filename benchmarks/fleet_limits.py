@@ -16,12 +16,13 @@ of one worker (the reference a single bucket gives). A minute is long on a share
 ``--seconds`` scales the run down, the rate measured is per second and compared to the
 limit over 60.
 
-``fairness``: one router (two workers) in front of one emulated vLLM replica with
+``fairness``: one router (``--workers``, default 1) in front of one emulated vLLM replica with
 ``max_inflight`` 4, so requests wait in the router's batch queue. A light tenant sends
 ``--light`` streamed requests, one every 0.25 s, alone, then again while a heavy tenant
 keeps ``--heavy`` batch requests open in a closed loop. Printed: the light tenant's TTFT
 P50/P95 alone and beside the flood, their ratio, and how many of its requests were refused
-(none may be: it stays within its quota).
+(none may be: it stays within its quota); and, as the peer without fair shares, the same
+requests sent under the heavy tenant's own key (first come, first served behind its flood).
 """
 
 from __future__ import annotations
@@ -177,11 +178,11 @@ def _drained(got: list[tuple[float, int]], capacity: int, default: float) -> flo
     return default
 
 
-async def _light(url: str, count: int, gap: float) -> tuple[list[float], int]:
+async def _light(url: str, count: int, gap: float, key: str = LIGHT) -> tuple[list[float], int]:
     """The light tenant's streamed requests, one every ``gap`` s: their TTFTs, and refusals."""
     body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                          "max_tokens": 8, "stream": True})  # fmt: skip
-    headers = {"Authorization": f"Bearer {LIGHT}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     ttfts: list[float] = []
     refused = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
@@ -228,11 +229,13 @@ async def _flood(url: str, conc: int, stop: asyncio.Event) -> int:
     return done
 
 
-async def _beside(url: str, args: argparse.Namespace) -> tuple[list[float], int, int]:
+async def _beside(
+    url: str, args: argparse.Namespace, key: str = LIGHT
+) -> tuple[list[float], int, int]:
     stop = asyncio.Event()
     flood = asyncio.create_task(_flood(url, args.heavy, stop))
     await asyncio.sleep(2.0)  # the queue fills
-    ttfts, refused = await _light(url, args.light, 0.25)
+    ttfts, refused = await _light(url, args.light, 0.25, key)
     stop.set()
     return ttfts, refused, await flood
 
@@ -263,18 +266,22 @@ def fairness(args: argparse.Namespace) -> None:
                      "requests_per_minute": 600},
                 ],
             }  # fmt: skip
-            with _routers(doc, tmp, 1, 2) as (url,):
+            with _routers(doc, tmp, 1, args.workers) as (url,):
                 alone, refused_alone = uvloop.run(_light(url, args.light, 0.25))
                 again, _ = uvloop.run(_light(url, args.light, 0.25))
                 beside, refused, flooded = uvloop.run(_beside(url, args))
+                # The same light requests sent as the heavy tenant: first come, first served.
+                fifo, refused_fifo, _ = uvloop.run(_beside(url, args, HEAVY))
         finally:
             stop_all([emu])
     print(f"light tenant: {args.light} streamed requests 0.25 s apart; heavy: {args.heavy} "
           f"closed-loop batch requests (400-word prompts, 64 tokens); one vLLM replica "
-          f"(time scale {args.time_scale:g}) at max_inflight 4; 1 router x 2 workers")  # fmt: skip
+          f"(time scale {args.time_scale:g}) at max_inflight 4; "
+          f"1 router x {args.workers} workers")  # fmt: skip
     print(f"{'light tenant':22} {'TTFT P50 ms':>12} {'TTFT P95 ms':>12} {'refused':>8}")
     rows = (("alone", alone, refused_alone), ("alone again (A/A)", again, 0),
-            ("beside the flood", beside, refused))  # fmt: skip
+            ("beside the flood", beside, refused),
+            ("as the heavy tenant", fifo, refused_fifo))  # fmt: skip
     for label, ttfts, no in rows:
         print(
             f"{label:22} {_pct(ttfts, 0.5) * 1e3:>12.1f} {_pct(ttfts, 0.95) * 1e3:>12.1f} {no:>8}"
@@ -296,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--heavy", type=int, default=24)
     f.add_argument("--light", type=int, default=40)
     f.add_argument("--time-scale", type=float, default=2.0)
+    f.add_argument("--workers", type=int, default=1)
     args = ap.parse_args(argv)
     tokens(args) if args.what == "tokens" else fairness(args)
     return 0
