@@ -30,9 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +44,7 @@ import uvloop
 import yaml
 
 from benchmarks.proxy_overhead import UPSTREAM_READY
+from benchmarks.redis_server import redis_server
 from router.server.children import spawn_ready, stop_all
 
 HEAVY, LIGHT = "sk-heavy-tenant", "sk-light-tenant"
@@ -55,28 +53,6 @@ MODEL = "deepseek-v4.1-flash"
 
 def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-@contextmanager
-def _redis(tmp: Path) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (Debian's redis-server package)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(500):
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        stop_all([proc])
 
 
 @contextmanager
@@ -148,7 +124,7 @@ def tokens(args: argparse.Namespace) -> None:
                   f"{'after drain per s':>18} {'x limit':>8}")  # fmt: skip
             runs = [("1 router x 1 worker", 1, 1, None), ("2 routers x 2 workers", 2, 2, "redis")]
             for label, count, workers, store in runs:
-                with _redis(tmp) as redis_url:
+                with redis_server(tmp) as (redis_url, _):
                     if store is not None:
                         doc["limits"] = {"store": {"redis": {"url": redis_url}}}
                     with _routers(doc, tmp, count, workers) as urls:

@@ -17,21 +17,20 @@ the noise. Limits are set high enough that nothing is refused. Routers take turn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import uvloop
 import yaml
 
 from benchmarks.proxy_overhead import UPSTREAM_READY, _cpu_seconds, _load, _pct, _router_config
+from benchmarks.redis_server import redis_server
 from router.server.children import spawn_ready
 
 KEY = "sk-bench-limits"
@@ -53,24 +52,6 @@ def _config(upstream: str, tmp: Path, kind: str, redis_url: str) -> Path:
     return path
 
 
-def _redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (Debian's redis-server package)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(500):
-        try:
-            socket.create_connection(("127.0.0.1", port)).close()
-            return proc, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            time.sleep(0.02)
-    raise SystemExit("redis-server did not start")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--requests", type=int, default=3000, help="requests per router per round")
@@ -79,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     exe = sys.executable
     procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory() as name:
+    with tempfile.TemporaryDirectory() as name, contextlib.ExitStack() as stack:
         tmp = Path(name)
         try:
             up, upstream = spawn_ready(
                 [exe, "-m", "benchmarks.proxy_overhead", "--upstream-server"], UPSTREAM_READY, 30
             )
-            redis, redis_url = _redis(tmp)
-            procs += [up, redis]
+            redis_url, redis_pid = stack.enter_context(redis_server(tmp))
+            procs.append(up)
             routers: dict[str, tuple[int, str]] = {}
             for kind in KINDS:
                 cfg = _config(upstream, tmp, kind, redis_url)
@@ -101,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for kind, (pid, url) in routers.items():
                     uvloop.run(_load(url, args.concurrency, 200, 1, 0.0, stream=False, auth=KEY))
-                    cpu0, r0 = _cpu_seconds(pid), _cpu_seconds(redis.pid)
+                    cpu0, r0 = _cpu_seconds(pid), _cpu_seconds(redis_pid)
                     run = uvloop.run(
                         _load(url, args.concurrency, args.requests, 1, 0.0, stream=False, auth=KEY)
                     )
@@ -109,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows[kind].append(
                         (
                             (_cpu_seconds(pid) - cpu0) / n * 1e6,
-                            (_cpu_seconds(redis.pid) - r0) / n * 1e6,
+                            (_cpu_seconds(redis_pid) - r0) / n * 1e6,
                             _pct(run.e2e, 50) * 1e3,
                             _pct(run.e2e, 99) * 1e3,
                         )

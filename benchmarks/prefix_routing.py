@@ -53,6 +53,7 @@ from typing import Any
 import orjson
 import yaml
 
+from benchmarks.redis_server import redis_server
 from emulator.profiles import Profile, load_profile
 from router.server.children import spawn_ready, stop_all
 from turnout.common.capture import parse_line
@@ -396,35 +397,13 @@ def run_one(label: str, args: argparse.Namespace, binary: str | None, directory:
                 return replay([url], None, urls, args, directory, label.replace(" ", "-"))
         if label == FLEET:  # two routers of two workers, one Redis, the trace split evenly
             with (
-                redis_server(directory) as redis,
+                redis_server(directory) as (redis, _),
                 turnout(urls, directory, "a", workers=2, redis=redis) as a,
                 turnout(urls, directory, "b", workers=2, redis=redis) as b,
             ):
                 return replay([a, b], "cache-aware", urls, args, directory, "fleet")
         with turnout(urls, directory) as url:
             return replay([url], label, urls, args, directory, label)
-
-
-@contextmanager
-def redis_server(directory: Path) -> Iterator[str]:
-    """A redis-server on loopback (Debian's redis-server package); its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (Debian's redis-server package)")
-    port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir",
-            str(directory)]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(500):
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        stop_all([proc])
 
 
 def table(rows: dict[str, Figures], bounds: Bounds) -> str:
