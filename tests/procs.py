@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +174,17 @@ def _status_kib(pid: int, field: str) -> int:
 def rss_kb(pid: int) -> int:
     """The process's resident set size now, in kB."""
     return _status_kib(pid, "VmRSS")
+
+
+def metric(url: str, pattern: str) -> float:
+    """The sum of every sample of ``url``'s /metrics whose line matches ``pattern``."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if not line.startswith("#") and re.match(pattern, line)
+    )
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import Emulator, Process, start_emulator
+from tests.procs import Emulator, Process, metric, start_emulator, wait_for
 from tests.redis_server import RedisServer, start_redis
 from tests.router.harness import Reply, base_config, post, start_router, write_config
 
@@ -159,7 +159,9 @@ def test_a_class_queue_is_bounded_across_the_workers_of_a_router(
         ThreadPoolExecutor(8) as pool,
     ):
         long = pool.submit(chat, router.url, 3000)
-        time.sleep(0.5)
+        # The long answer holds the backend's one slot before the others come (else a short
+        # one could take it, finish, and let a seventh request in).
+        assert wait_for(lambda: metric(emulator.url, "vllm:num_requests_running") == 1)
         waiting = [pool.submit(chat, router.url) for _ in range(6)]
         replies = [f.result() for f in waiting]
         assert long.result().status == 200

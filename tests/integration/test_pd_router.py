@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import socket
 import struct
 from collections.abc import Iterator, Sequence
@@ -18,24 +17,14 @@ from typing import Any
 
 import pytest
 
-from tests.procs import Process, start_emulator, wait_for
-from tests.router.harness import base_config, client_for, get, start_router, write_config
+from tests.procs import Process, metric, start_emulator, wait_for
+from tests.router.harness import base_config, client_for, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
 PROMPT = "Tell me a story about " + " ".join(f"w{i}" for i in range(300))
 PREFILL = ["--set", "role=prefill", "--set", "ranks=1"]
 DECODE = ["--set", "role=decode", "--set", "ranks=1"]
 Fleet = tuple[Process, list[str], dict[str, str]]
-
-
-def metric(url: str, pattern: str) -> float:
-    """The sum of every sample of ``url``'s /metrics whose line matches ``pattern``."""
-    text = get(url + "/metrics").text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if not line.startswith("#") and re.match(pattern, line)
-    )
 
 
 def pd_config(
