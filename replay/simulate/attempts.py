@@ -125,6 +125,7 @@ class Attempts:
         w = self.queues.pop()
         if w is None:
             return
+        self.queues.discard(w.routed.info.request_class, w)  # it looks for room at once
         self._waiting -= 1
         w.waiting = False
         if not self._go(w, now):

@@ -83,10 +83,14 @@ class WaitQueues(Generic[W]):
         the head of its queue, so a full queue does not refuse it."""
         limits = self.settings.for_class(cls)
         retry = self.settings.retry_after
-        if not front and self._queues[cls].waiting() >= limits.queue_size:
-            return QueueRejected(f"{FULL}, and the {cls} queue is full", retry, "queue_full")
+        queue = self._queues[cls]
+        full = QueueRejected(f"{FULL}, and the {cls} queue is full", retry, "queue_full")
+        if not front and queue.waiting() >= limits.queue_size:
+            return full
         if now >= since + limits.max_wait:
             return QueueRejected(f"{FULL} for over {limits.max_wait:g} s", retry, "max_wait")
+        if not front and not queue.reserve(limits.queue_size):  # the last place, atomically
+            return full
         return None
 
     def put(
@@ -101,7 +105,8 @@ class WaitQueues(Generic[W]):
         self._queues[cls].discard(waiter)
 
     def pop(self) -> W | None:
-        """The next waiter, interactive first, out of its queue; None when none waits."""
+        """The next waiter, interactive first, out of its queue (counted as waiting until
+        put back or discarded: router.control.fair.FairQueue.pop); None when none waits."""
         for cls in REQUEST_CLASSES:
             waiter = self._queues[cls].pop()
             if waiter is not None:

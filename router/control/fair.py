@@ -62,6 +62,11 @@ class Ledger(Protocol):
     def queued(self, cls: str, own: int) -> int:
         """Record that ``own`` of ``cls`` wait here; how many wait in the router."""
 
+    def join(self, cls: str, own: int, bound: int) -> bool:
+        """Hold a place for one more waiter of ``cls`` here (``own`` wait here now) if fewer
+        than ``bound`` wait in the router; False: the queue is full. Checking and holding are
+        one step, so two workers cannot both take the last place."""
+
 
 class LocalLedger:
     """Counters in this process's memory (bounded by the configured keys: one per tenant)."""
@@ -82,6 +87,9 @@ class LocalLedger:
     def queued(self, cls: str, own: int) -> int:
         return own
 
+    def join(self, cls: str, own: int, bound: int) -> bool:
+        return own < bound
+
 
 class FairQueue(Generic[W]):
     """One class's waiters, by band, then least served tenant, then arrival."""
@@ -91,6 +99,9 @@ class FairQueue(Generic[W]):
         self._ledger = ledger
         self._bands: dict[int, dict[str | None, deque[W]]] = {}
         self._where: dict[W, Share] = {}
+        # Taken out by pop() to look for room, and not yet put back or gone: still waiting
+        # for the router's count, or another worker could fill its place meanwhile.
+        self._woken: set[W] = set()
         self._last = 0.0  # the counter of the tenant served last
 
     def __len__(self) -> int:
@@ -98,7 +109,15 @@ class FairQueue(Generic[W]):
 
     def waiting(self) -> int:
         """How many wait in this class in the router (every worker's queue, if shared)."""
-        return self._ledger.queued(self._cls, len(self._where))
+        return self._ledger.queued(self._cls, self._count())
+
+    def _count(self) -> int:
+        return len(self._where) + len(self._woken)
+
+    def reserve(self, bound: int) -> bool:
+        """Whether one more may wait (fewer than ``bound`` in the router), its place held
+        until :meth:`put` takes it."""
+        return self._ledger.join(self._cls, self._count(), bound)
 
     def __contains__(self, waiter: object) -> bool:
         return waiter in self._where
@@ -106,6 +125,7 @@ class FairQueue(Generic[W]):
     def put(self, waiter: W, share: Share = NOBODY, *, front: bool = False) -> None:
         """Queue ``waiter``: after its tenant's others, or before them (a waiter woken for
         nothing keeps its turn)."""
+        self._woken.discard(waiter)
         tenants = self._bands.setdefault(share.band, {})
         own = tenants.get(share.tenant)
         if own is None:  # starts waiting: no credit saved up meanwhile
@@ -114,11 +134,15 @@ class FairQueue(Generic[W]):
             own = tenants[share.tenant] = deque()
         own.appendleft(waiter) if front else own.append(waiter)
         self._where[waiter] = share
-        self._ledger.queued(self._cls, len(self._where))
+        self._ledger.queued(self._cls, self._count())
 
     def discard(self, waiter: W) -> None:
+        woken = waiter in self._woken
+        self._woken.discard(waiter)
         share = self._where.pop(waiter, None)
         if share is None:
+            if woken:
+                self._ledger.queued(self._cls, self._count())
             return
         tenants = self._bands[share.band]
         own = tenants[share.tenant]
@@ -127,11 +151,12 @@ class FairQueue(Generic[W]):
             del tenants[share.tenant]
             if not tenants:
                 del self._bands[share.band]
-        self._ledger.queued(self._cls, len(self._where))
+        self._ledger.queued(self._cls, self._count())
 
     def pop(self) -> W | None:
         """The next waiter out of the queue: of the highest band, the least served tenant's
-        first (ties: the tenant waiting longest)."""
+        first (ties: the tenant waiting longest). It still counts as waiting until it is put
+        back or discarded, whichever its owner does once it has looked for room."""
         if not self._bands:
             return None
         tenants = self._bands[max(self._bands)]
@@ -140,6 +165,8 @@ class FairQueue(Generic[W]):
         waiter = tenants[tenant][0]
         self._last = ledger.get((cls, tenant))
         self.discard(waiter)
+        self._woken.add(waiter)  # counted until put back or discarded
+        self._ledger.queued(cls, self._count())
         return waiter
 
     def served(self, share: Share, prompt_tokens: int, output_tokens: int) -> None:

@@ -95,6 +95,22 @@ class SharedLedger:
         self._words[at + 1 + self._worker] = float(own)
         return int(sum(self._words[at + 1 : at + self._width]))
 
+    def join(self, cls: str, own: int, bound: int) -> bool:
+        at = self._row(cls + _QUEUED)
+        if at is None:
+            return own < bound
+        mine = at + 1 + self._worker
+        words = self._words
+        # Under the lock: another worker's place taken between our sum and our write would
+        # let both through (each worker writes its column unlocked only to hold or drop a
+        # place it already has).
+        with self._lock:
+            others = sum(words[at + 1 : at + self._width]) - words[mine]
+            if others + own >= bound:
+                return False
+            words[mine] = float(own + 1)
+        return True
+
     def clear_queued(self) -> None:
         for cls in REQUEST_CLASSES:
             at = self._row(cls + _QUEUED)

@@ -103,8 +103,46 @@ def test_the_workers_of_a_router_share_counters_and_queue_lengths() -> None:
     b.put("l", LIGHT)
     b.put("h", HEAVY)
     assert b.pop() == "l"
+    b.discard("l")  # it found room and left
     a.put("x", HEAVY)
     b.put("y", LIGHT)
     assert a.waiting() == b.waiting() == 3  # the router's, not the worker's
     shared.clear(1)  # worker 1 died with its waiters
     assert a.waiting() == 1
+
+
+def test_two_workers_checking_at_once_cannot_both_take_the_last_place() -> None:
+    shared = SharedFairness(2)
+    a: FairQueue[str] = FairQueue("interactive", shared.ledger(0))
+    b: FairQueue[str] = FairQueue("interactive", shared.ledger(1))
+    a.put("waiting", LIGHT)
+    # Both workers look before either has queued its newcomer: one place is left (bound 2).
+    assert a.reserve(2)
+    assert not b.reserve(2)
+    a.put("newcomer", LIGHT)  # takes the place it held, no more
+    assert a.waiting() == b.waiting() == 2
+    a.discard("waiting")
+    assert b.reserve(2)
+    b.put("next", LIGHT)
+    assert a.waiting() == 2
+
+
+def test_one_process_reserves_against_its_own_queue() -> None:
+    q: FairQueue[str] = FairQueue("batch", LocalLedger())
+    assert q.reserve(1)
+    q.put("w", LIGHT)
+    assert not q.reserve(1)
+
+
+def test_a_woken_waiter_keeps_its_place_until_it_is_put_back_or_gone() -> None:
+    shared = SharedFairness(2)
+    a: FairQueue[str] = FairQueue("interactive", shared.ledger(0))
+    b: FairQueue[str] = FairQueue("interactive", shared.ledger(1))
+    a.put("w", LIGHT)
+    assert a.pop() == "w"  # woken to look for room: until it has, its place is not free
+    assert not b.reserve(1)
+    a.put("w", LIGHT, front=True)  # no room: back at the head, counted once
+    assert b.waiting() == 1
+    assert a.pop() == "w"
+    a.discard("w")  # room found: it leaves, and the place is free
+    assert b.reserve(1)
