@@ -17,7 +17,7 @@ from emulator.faults import parse_header
 from emulator.model import Engine, Sequence
 from emulator.profiles import Faults, Profile, ProfileError, load_profile
 from tests.emulator.conftest import client_for
-from tests.procs import Emulator, start_emulator
+from tests.procs import Emulator, start_emulator, wait_for
 
 MIXED = Profile(name="m", step_base_ms=4.0, step_per_prefill_token_us=50.0,
                 step_per_decode_seq_ms=0.2, max_num_batched_tokens=1024)  # fmt: skip
@@ -147,7 +147,8 @@ def test_over_http_the_headers_and_role_chunk_come_at_once_the_content_late() ->
         role = next(chunks)
         assert role.choices[0].delta.role == "assistant" and not role.choices[0].delta.content
         assert time.monotonic() - start < 1.0
-        assert _running(emu) == 1  # the stalled request holds its slot
+        # the stalled request holds its slot (from the engine's next step, well inside the stall)
+        assert wait_for(lambda: _running(emu) == 1, timeout=1.0)
         content = next(c for c in chunks if c.choices and c.choices[0].delta.content)
         assert content and time.monotonic() - start >= 1.5
         stream.close()
