@@ -9,7 +9,7 @@
   pool's observed batch pace, (b) an interactive request arriving
   next would still be predicted under ``headroom`` x its TTFT SLO, and (c) the replica holds
   fewer spilled batch requests than the spill limit. The limit adapts to the interactive SLO
-  attainment seen on the low-TTFT pool (see :class:`SpillGovernor`). Spilled requests on
+  attainment seen on the low-TTFT pool (policies/spill.py). Spilled requests on
   priority-capable replicas carry ``Decision.priority`` (a low priority) so the engine
   schedules interactive work first; their prefill then delays an interactive request by at
   most one prefill budget instead of a whole prompt.
@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import random
-from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -42,6 +41,14 @@ from policies.predictor import (
 )
 from policies.prefix import DEFAULT_IMBALANCE, PrefixIndex
 from policies.sampling import Sampling, draw_pools, read_sampling
+from policies.spill import (
+    SpillGovernor,
+    SpillNotes,
+    SpillSettings,
+    queued_share,
+    queueing,
+    read_spill,
+)
 from policies.types import (
     Candidate,
     Decision,
@@ -55,25 +62,6 @@ from turnout.common.schema import Reader, unknown
 
 # How fast the typical interactive prompt size (used for the headroom check) follows traffic.
 _PROMPT_ALPHA = 0.1
-# Additive increase of the spill limit per interactive request that met its SLO: four such
-# requests re-open one spill slot; a breach of the attainment target halves the limit.
-_LIMIT_STEP = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class SpillSettings:
-    """How much batch work may borrow the low-TTFT pool (see the module docstring)."""
-
-    enabled: bool = True
-    headroom: float = 1.0
-    max_inflight: int = 4
-    initial_inflight: int = 1
-    min_high_inflight: int = 1
-    min_attainment: float = 0.95
-    window: int = 50
-    priority: int = 10
-    priority_prefill_tokens: int = 2048
-    pace_margin: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,49 +74,6 @@ class AdaptiveSettings:
     spill: SpillSettings
     load_bound: float = 1.25
     typical_prompt_tokens: float = 1000.0
-
-
-@dataclass(slots=True)
-class SpillGovernor:
-    """AIMD on the per-replica spill limit, driven by interactive SLO attainment.
-
-    The limit starts at ``initial_inflight`` (one slot by default), so spilling proves
-    itself before it grows: the priors may be wrong. Over the last ``window`` interactive
-    outcomes on the low-TTFT pool: while attainment is at or above the target each met SLO
-    raises the limit a little (up to ``max_inflight``);
-    a miss while attainment is below the target halves it, at most once per ``window // 4``
-    outcomes so one burst of misses does not drive it straight to zero.
-    """
-
-    settings: SpillSettings
-    limit: float = field(init=False)
-    _outcomes: deque[bool] = field(init=False)
-    _since_cut: int = 0
-
-    def __post_init__(self) -> None:
-        self.limit = float(min(self.settings.initial_inflight, self.settings.max_inflight))
-        self._outcomes = deque(maxlen=self.settings.window)
-
-    @property
-    def attainment(self) -> float:
-        """Fraction of the recent interactive outcomes that met the SLO (1.0 when none)."""
-        return sum(self._outcomes) / len(self._outcomes) if self._outcomes else 1.0
-
-    @property
-    def allowed(self) -> int:
-        """Spilled batch requests each low-TTFT replica may hold now."""
-        return int(self.limit)
-
-    def record(self, met: bool) -> None:
-        """Feed one interactive outcome observed on the low-TTFT pool."""
-        self._outcomes.append(met)
-        self._since_cut += 1
-        below = self.attainment < self.settings.min_attainment
-        if not met and below and self._since_cut >= max(1, self.settings.window // 4):
-            self.limit /= 2
-            self._since_cut = 0
-        elif met and not below:
-            self.limit = min(float(self.settings.max_inflight), self.limit + _LIMIT_STEP)
 
 
 @dataclass(slots=True)
@@ -152,10 +97,8 @@ class AdaptivePolicy:
     type: str = "adaptive"
     governor: SpillGovernor = field(init=False)
     typical_prompt: float = field(init=False)
-    _spills: dict[str, OrderedDict[str, int]] = field(default_factory=dict)
-    """Per backend, its open spilled requests (request id -> prompt tokens), oldest first."""
-    _where: dict[str, str] = field(default_factory=dict)
-    """Request id -> the backend it was spilled to."""
+    spills: SpillNotes = field(default_factory=SpillNotes)
+    """The spilled requests open per backend."""
     cache: PrefixIndex = field(default_factory=PrefixIndex)
     """Where prompt prefixes were sent, to keep a request on its cache-warm replica."""
     sampling: Sampling = field(default_factory=lambda: Sampling(None))
@@ -225,12 +168,12 @@ class AdaptivePolicy:
         chosen = decision.memo
         if not isinstance(chosen, _Chosen):
             return
-        for name in list(self._spills):  # only where spill records are kept
+        for name in self.spills.backends():  # only where spill notes are kept
             if (i := position_of(chosen.candidates, name)) is not None:
-                self._reconcile(chosen.candidates[i])
+                self.spills.reconcile(chosen.candidates[i])
         self.predictor.note(req, chosen.ahead)
         if chosen.spill == backend:
-            self._note_spill(req, backend)
+            self.spills.note(req.request_id, backend, req.prompt_tokens)
         self.cache.observe(req, chosen.healthy)
         self.cache.record(backend, req.prefix_blocks)
 
@@ -258,7 +201,7 @@ class AdaptivePolicy:
         On a priority-capable replica it jumps the spilled (low-priority) batch prompts, but
         may still wait for one prefill budget's worth of them already in progress.
         """
-        spilled = sum(self._spills.get(c.name, {}).values())
+        spilled = self.spills.tokens(c.name)
         if not c.priority_capable or not spilled:
             return ahead[c.name]
         budget = self.settings.spill.priority_prefill_tokens
@@ -300,7 +243,7 @@ class AdaptivePolicy:
             return low[0]  # nothing else can serve it; still mark it low priority
         if not spill.enabled:
             return None
-        if any(c.inflight < spill.min_high_inflight or not _queueing(c) for c in high):
+        if any(c.inflight < spill.min_high_inflight or not queueing(c) for c in high):
             return None  # the high-throughput pool still has room of its own: no borrowing
         # Finish times from measurement only. The home pool's is its observed batch pace
         # (end-to-end seconds per output token, queueing and prefill included): until it has
@@ -322,7 +265,7 @@ class AdaptivePolicy:
         # on its own).
         home = min(high, key=lambda c: self.pace.pace(c.name) or 0.0)
         high_finish = (self.pace.pace(home.name) or 0.0) * out
-        credit = min(spill.pace_margin, 1 / max(1e-9, 1 - _queued_share(home)))
+        credit = min(spill.pace_margin, 1 / max(1e-9, 1 - queued_share(home)))
         slo_ttft = self.settings.slo["interactive"].ttft_s
         for c in low:
             if c.saturated or self.spilled(c.name) >= self.governor.allowed:
@@ -352,31 +295,6 @@ class AdaptivePolicy:
 
     # -- bookkeeping ----------------------------------------------------------------------
 
-    def _note_spill(self, req: RequestInfo, backend: str) -> None:
-        self._forget_spill(req.request_id)  # a client may reuse an X-Request-Id
-        self._spills.setdefault(backend, OrderedDict())[req.request_id] = req.prompt_tokens
-        self._where[req.request_id] = backend
-
-    def _forget_spill(self, request_id: str) -> None:
-        backend = self._where.pop(request_id, None)
-        if backend is not None:
-            records = self._spills[backend]
-            del records[request_id]
-            if not records:  # no empty record per backend that ever was (they come and go)
-                del self._spills[backend]
-
-    def _reconcile(self, c: Candidate) -> None:
-        """Drop spill records the router can no longer have open on ``c``.
-
-        A request that never reached a backend may never be reported to ``on_finish``;
-        the router's own in-flight count bounds how many spilled requests can still be
-        open there, so the oldest records beyond it are stale.
-        """
-        records = self._spills.get(c.name)
-        while records and len(records) > c.inflight:
-            request_id, _ = records.popitem(last=False)
-            del self._where[request_id]
-
     def prediction_error(self) -> dict[str, float]:
         """Per backend, the TTFT predictor's mean absolute percentage error (a ratio) over
         its recent streamed requests (see :meth:`TtftPredictor.error`)."""
@@ -384,7 +302,7 @@ class AdaptivePolicy:
 
     def spilled(self, backend: str) -> int:
         """Spilled batch requests currently open on ``backend`` (for debugging endpoints)."""
-        return len(self._spills.get(backend, ()))
+        return self.spills.count(backend)
 
     def forget(self, backend: str) -> None:
         """Drop the figures learned of ``backend`` (:class:`policies.base.Forgets`); its open
@@ -397,7 +315,7 @@ class AdaptivePolicy:
         self.predictor.observe(req, backend, outcome)
         self.tpot.observe(req, backend, outcome)
         self.pace.observe(req, backend, outcome)
-        self._forget_spill(req.request_id)
+        self.spills.forget(req.request_id)
         if outcome.ok:
             self.cache.record(backend, req.prefix_blocks)
         if req.request_class != "interactive" or not req.stream:
@@ -420,21 +338,6 @@ class _Chosen:
     """The low-TTFT backend a batch request is spilled to, if it is."""
 
 
-def _queued_share(c: Candidate) -> float:
-    """The share of ``c``'s requests waiting for prefill by a fresh scrape (1 without one)."""
-    load = c.load
-    if load is None or load.stale or load.waiting is None or not c.inflight:
-        return 1.0
-    return min(1.0, load.waiting / c.inflight)
-
-
-def _queueing(c: Candidate) -> bool:
-    """Whether ``c`` has requests waiting for prefill (by a fresh scrape; without one, the
-    router's in-flight count is all there is, so it may)."""
-    load = c.load
-    return load is None or load.stale or load.waiting is None or load.waiting > 0
-
-
 _DEFAULT_SLO: tuple[tuple[RequestClass, Slo], ...] = (
     ("interactive", Slo(ttft_s=1.0, tpot_s=0.1)),
     ("batch", Slo(ttft_s=60.0, tpot_s=1.0)),
@@ -447,26 +350,6 @@ def _engine_kinds(p: Reader, ctx: BuildContext, key: str) -> frozenset[str]:
         if kind not in ctx.engines:
             p.error(f"{key}[{i}]", unknown(kind, ctx.engines, "engine"))
     return frozenset(kinds)
-
-
-def _spill(p: Reader) -> SpillSettings:
-    d = SpillSettings()
-    s = SpillSettings(
-        enabled=p.flag("enabled", d.enabled),
-        headroom=p.number("headroom", d.headroom, low=0.0, high=1.0),
-        max_inflight=p.integer("max_inflight", d.max_inflight),
-        initial_inflight=p.integer("initial_inflight", d.initial_inflight),
-        min_high_inflight=p.integer("min_high_inflight", d.min_high_inflight),
-        min_attainment=p.number("min_attainment", d.min_attainment, low=0.0, high=1.0),
-        window=p.integer("window", d.window, low=1),
-        priority=p.integer("priority", d.priority),
-        priority_prefill_tokens=p.integer(
-            "priority_prefill_tokens", d.priority_prefill_tokens, low=1
-        ),
-        pace_margin=p.number("pace_margin", d.pace_margin, low=1.0, high=2.0),
-    )
-    p.done()
-    return s
 
 
 def make_adaptive(name: str, p: Reader, ctx: BuildContext) -> AdaptivePolicy:
@@ -489,7 +372,7 @@ def make_adaptive(name: str, p: Reader, ctx: BuildContext) -> AdaptivePolicy:
         slo=slo,
         low_ttft=low,
         high_throughput=high,
-        spill=_spill(p.child("spill")),
+        spill=read_spill(p.child("spill")),
         load_bound=p.number("load_bound", 1.25, low=1.0),
         typical_prompt_tokens=p.number("typical_prompt_tokens", 1000.0, low=1.0),
     )

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from policies.adaptive import AdaptivePolicy, SpillGovernor, SpillSettings
+from policies.adaptive import AdaptivePolicy
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
+from policies.spill import SpillGovernor, SpillSettings
 from policies.testing import make_candidate, make_request, send
 from policies.types import Candidate, Outcome, RequestInfo
 
