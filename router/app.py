@@ -65,10 +65,11 @@ def build_policies(config: RouterConfig, metrics: Metrics | None = None) -> dict
     infos = [BackendInfo(b.name, b.engine, b.priority_capable) for b in config.backends]
     out: dict[str, Policy] = {}
     errors: list[tuple[str, str]] = []
+    observer = None if metrics is None else metrics.policy
     for spec in config.policies:
         try:
             out[spec.name] = build_policy(
-                spec.name, spec.type, spec.params, infos, observer=metrics
+                spec.name, spec.type, spec.params, infos, observer=observer
             )
             if metrics is not None:
                 metrics.policy_known(spec.name)
@@ -126,7 +127,7 @@ def build_app(
         metrics=metrics,
         # A slot another worker frees wakes nobody here: its waiters look again now and then.
         admission=Admission(config.admission, fairness, None if fairness is None else POLL),
-        shadows=Shadows(config.shadow, pool, metrics, config.limits),
+        shadows=Shadows(config.shadow, pool, metrics.shadow, config.limits),
         tracing=tracing if tracing is not None else tracing_from_env(),
     )
     for cls in REQUEST_CLASSES:
@@ -134,7 +135,9 @@ def build_app(
     for name, policy in policies.items():
         if isinstance(policy, ReportsError):
             for b in config.backends:
-                metrics.watch_prediction_error(name, b.name, partial(_error, state, name, b.name))
+                metrics.policy.watch_prediction_error(
+                    name, b.name, partial(_error, state, name, b.name)
+                )
     # Bodies are size-checked by the handler so that the 413 is OpenAI-shaped.
     guards = [_errors, single_headers, admin_only(lambda: state.gate)]
     app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=guards)
@@ -164,8 +167,10 @@ def _quota_store(config: RouterConfig, local: QuotaTable, metrics: Metrics) -> Q
     settings = config.limits.store
     if settings.redis_url is None:
         return local
-    store = RedisQuotas(settings.redis_url, settings.on_error, local, on_local=metrics.limits_local)
-    metrics.watch_limits_store(lambda: 1.0 if store.up else 0.0)
+    store = RedisQuotas(
+        settings.redis_url, settings.on_error, local, on_local=metrics.stores.limits_local
+    )
+    metrics.stores.watch_limits_store(lambda: 1.0 if store.up else 0.0)
     return store
 
 
@@ -353,8 +358,8 @@ async def _lifespan(
     if state.config.capture is not None:
         writer = CaptureWriter(
             state.config.capture,
-            on_drop=state.metrics.capture_dropped,
-            on_degraded=state.metrics.capture_degraded,
+            on_drop=state.metrics.capture.dropped,
+            on_degraded=state.metrics.capture.degraded,
         )
         await writer.start()
     state.started(session, connections, writer)
@@ -378,7 +383,7 @@ async def _lifespan(
         state.placement = feed
         await feed.start()
         if url is not None:
-            state.metrics.watch_placement(lambda: 1.0 if feed.shared else 0.0)
+            state.metrics.stores.watch_placement(lambda: 1.0 if feed.shared else 0.0)
     try:
         yield
     finally:

@@ -2,9 +2,11 @@
 
 Names and labels are docs/router.md's tables (Metrics). Request and session ids never become
 labels.
-Everything here is called once per request (or per probe), never per streamed chunk. It is
-also the policies' :class:`~policies.base.PipelineObserver`: a pipeline policy binds one
-series per plugin when it is built, and per request only observes (a sample) into it.
+Everything here is called once per request (or per probe), never per streamed chunk. The
+facade holds the per-request series and the backends' gauges itself, and one object per other
+area, each built on its registry: ``hops`` (router.observe.hops), ``policy`` (the policies'
+pipeline observer, router.observe.decisions), ``shadow`` (router.observe.mirrors), ``capture``
+(router.observe.capturing) and ``stores`` (router.observe.stores).
 
 With ``turnout serve --workers N`` every worker records into prometheus-client's multiprocess
 files (:func:`router.observe.sharing.share_between_workers`, set up by the parent before it
@@ -19,78 +21,27 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from policies.types import REQUEST_CLASSES, RequestInfo
+from router.observe.capturing import CaptureMetrics
+from router.observe.decisions import DecisionMetrics
 from router.observe.hops import HopMetrics
+from router.observe.mirrors import ShadowMetrics
 from router.observe.outcomes import EARLY_REJECTIONS, LATE_REJECTIONS
+from router.observe.series import (
+    E2E_BUCKETS,
+    REQUEST_LABELS,
+    TPOT_BUCKETS,
+    TTFT_BUCKETS,
+    Series,
+)
+from router.observe.stores import StoreMetrics
 
-# Fine enough to read a P95 TTFT anywhere from 1 ms to 60 s.
-TTFT_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
-    0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
-)  # fmt: skip
-TPOT_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
-    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
-)  # fmt: skip
-E2E_BUCKETS = (
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0,
-    60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
-)  # fmt: skip
-DECISION_BUCKETS = (
-    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
-)  # fmt: skip
-
-_REQ = ("policy", "backend", "class")
-PLUGIN_SAMPLE = 16
-"""``turnout_policy_plugin_duration_seconds`` observes one run in this many of each
-pipeline plugin, its first run included: an observation costs more than most plugins take,
-and a pipeline runs three or more a request, while a sample shows their cost as well."""
-
-
-CAPTURE_DROP_REASONS = (
-    "queue_full", "queue_bytes", "not_running", "sink_gone", "unencodable", "error",
-)  # fmt: skip
-"""Why the capture writer (router.observe.capture) may not write a request."""
-
-_M = TypeVar("_M", Counter, Histogram)
-
-
-class _Series(Generic[_M]):
-    """A metric's children by label values, each resolved by ``labels()`` once: that call
-    takes a lock and builds its key every time, and some series are hit on every request."""
-
-    __slots__ = ("_children", "_metric")
-
-    def __init__(self, metric: _M) -> None:
-        self._metric: _M = metric
-        self._children: dict[tuple[str, ...], _M] = {}
-
-    def __call__(self, *values: str) -> _M:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self._metric.labels(*values)
-        return child
-
-
-class _Sampled:
-    """Passes on the first of every :data:`PLUGIN_SAMPLE` values it is called with."""
-
-    __slots__ = ("_observe", "_runs")
-
-    def __init__(self, observe: Callable[[float], None]) -> None:
-        self._observe = observe
-        self._runs = 0
-
-    def __call__(self, seconds: float) -> None:
-        if self._runs % PLUGIN_SAMPLE == 0:
-            self._observe(seconds)
-        self._runs += 1
+_REQ = REQUEST_LABELS
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +75,14 @@ class Metrics:
         self._live: list[tuple[Gauge, Callable[[], float]]] = []
         self.hops = HopMetrics(r, TTFT_BUCKETS)
         """A pd policy's hops (router.observe.hops)."""
+        self.policy = DecisionMetrics(r, self._watch)
+        """The policies' decisions and their pipeline observer (router.observe.decisions)."""
+        self.shadow = ShadowMetrics(r)
+        """Mirrored requests (router.observe.mirrors)."""
+        self.capture = CaptureMetrics(r)
+        """What the capture writer lost (router.observe.capturing)."""
+        self.stores = StoreMetrics(r, self._watch)
+        """The limits store and the placement feed (router.observe.stores)."""
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._requests = Counter(
             "turnout_requests_total",
@@ -180,27 +139,6 @@ class Metrics:
             ["policy", "backend"],
             registry=r,
         )
-        self._decision = Histogram(
-            "turnout_policy_decision_seconds",
-            "Time a policy took to rank the candidates.",
-            ["policy"],
-            buckets=DECISION_BUCKETS,
-            registry=r,
-        )
-        self._plugin = Histogram(
-            "turnout_policy_plugin_duration_seconds",
-            "Time one filter, scorer or picker of a pipeline policy took for one request, "
-            f"sampled: the first run of each and one in {PLUGIN_SAMPLE} after it.",
-            ["policy", "plugin", "kind"],
-            buckets=DECISION_BUCKETS,
-            registry=r,
-        )
-        self._filter_rejections = Counter(
-            "turnout_policy_filter_rejections_total",
-            "Requests for which this filter removed every remaining candidate (answered 503).",
-            ["policy", "filter"],
-            registry=r,
-        )
         self._aborts = Counter(
             "turnout_stream_aborts_total",
             "Streams the upstream broke after bytes had reached the client.",
@@ -236,46 +174,12 @@ class Metrics:
             ["policy", "class"],
             registry=r,
         )
-        self._prediction_error = Gauge(
-            "turnout_policy_ttft_prediction_error_ratio",
-            "Mean absolute percentage error (a ratio) of the TTFT a policy predicted for a "
-            "backend against the TTFT observed, over its recent streamed requests.",
-            ["policy", "backend"],
-            registry=r,
-            multiprocess_mode="livemax",
-        )
         self._queued = Gauge(
             "turnout_admission_queue_length",
             "Requests waiting for a backend slot (every eligible backend saturated).",
             ["class"],
             registry=r,
             multiprocess_mode="livesum",  # each worker has its own queues
-        )
-        self._shadow_requests = Counter(
-            "turnout_shadow_requests_total",
-            "Mirrored requests by answer (code 0: none); policy: the served policy mirrored.",
-            [*_REQ, "code"],
-            registry=r,
-        )
-        self._shadow_ttft = Histogram(
-            "turnout_shadow_time_to_first_token_seconds",
-            "Mirrored requests: sent to the first content chunk.",
-            _REQ,
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self._shadow_e2e = Histogram(
-            "turnout_shadow_e2e_request_latency_seconds",
-            "Mirrored requests: sent to the answer's last byte.",
-            _REQ,
-            buckets=E2E_BUCKETS,
-            registry=r,
-        )
-        self._shadow_dropped = Counter(
-            "turnout_shadow_dropped_total",
-            "Requests sampled for mirroring but dropped (shadow concurrency bound reached).",
-            ["policy"],
-            registry=r,
         )
         self._panic = Counter(
             "turnout_panic_routing_total",
@@ -284,54 +188,14 @@ class Metrics:
             ["model"],
             registry=r,
         )
-        self._dropped = Counter(
-            "turnout_capture_dropped_total",
-            "Sampled requests not captured, by reason (queue_full, queue_bytes, not_running, "
-            "sink_gone, unencodable, error).",
-            ["reason"],
-            registry=r,
-        )
-        self._degraded = Counter(
-            "turnout_capture_degraded_total",
-            "Requests captured with their body replaced, by reason (unencodable).",
-            ["reason"],
-            registry=r,
-        )
         self._refused = Counter(
             "turnout_connections_refused_total",
             "Client connections answered 503 and closed: the connection cap was reached.",
             registry=r,
         )
-        self._limits_local = Counter(
-            "turnout_limits_local_total",
-            "Requests whose limits were decided without the shared limits store (Redis "
-            "unreachable), by outcome: allowed or refused by this router's own buckets "
-            "(on_error: allow), or denied for the outage (on_error: deny).",
-            ["outcome"],
-            registry=r,
-        )
-        self._limits_up = Gauge(
-            "turnout_limits_store_up",
-            "1 while the shared limits store (Redis) answers this process, else 0.",
-            registry=r,
-            multiprocess_mode="livemin",  # 0 when any worker cannot reach it
-        )
-        self._placement = Gauge(
-            "turnout_placement_shared",
-            "1 while this process hears the other router replicas' placements (Redis), 0 "
-            "while it learns from its own router's alone.",
-            registry=r,
-            multiprocess_mode="livemin",
-        )
-        # Every reason exported at 0 from the start, so rate() and alerts see the series
-        # before the first drop (Prometheus' advice for known label values).
-        for reason in CAPTURE_DROP_REASONS:
-            self._dropped.labels(reason)
-        self._degraded.labels("unencodable")
         # The series hit on every request, their children resolved once.
-        self._requests_by = _Series(self._requests)
-        self._decision_by = _Series(self._decision)
-        self._slo_by = {True: _Series(self._slo_met), False: _Series(self._slo_missed)}
+        self._requests_by = Series(self._requests)
+        self._slo_by = {True: Series(self._slo_met), False: Series(self._slo_missed)}
 
     def policy_known(self, policy: str) -> None:
         """Export ``policy``'s series of the router's own rejections at 0 (Prometheus' advice
@@ -406,18 +270,6 @@ class Metrics:
     def failover(self, policy: str, backend: str) -> None:
         self._failovers.labels(policy, backend).inc()
 
-    def decision(self, policy: str, seconds: float) -> None:
-        self._decision_by(policy).observe(seconds)
-
-    def plugin_timer(self, policy: str, kind: str, plugin: str) -> Callable[[float], None]:
-        """Observes one plugin's run time (``kind``: filter, scorer or picker), one run in
-        :data:`PLUGIN_SAMPLE`."""
-        return _Sampled(self._plugin.labels(policy, plugin, kind).observe)
-
-    def filter_emptied(self, policy: str, filter: str) -> Callable[[], None]:
-        """Counts one request for which ``filter`` removed every remaining candidate."""
-        return self._filter_rejections.labels(policy, filter).inc
-
     def hedge_fired(self, policy: str, backend: str, req: RequestInfo) -> None:
         self._tail["turnout_hedges_total"].labels(policy, backend, req.request_class).inc()
 
@@ -447,21 +299,6 @@ class Metrics:
         """Read a class's admission queue length from live state at scrape time."""
         self._watch(self._queued.labels(request_class), waiting)
 
-    def limits_local(self, outcome: str) -> None:
-        self._limits_local.labels(outcome).inc()
-
-    def watch_limits_store(self, up: Callable[[], float]) -> None:
-        """Read whether the shared limits store answers, at scrape time."""
-        self._watch(self._limits_up, up)
-
-    def watch_placement(self, shared: Callable[[], float]) -> None:
-        """Read whether placements are shared with the other replicas, at scrape time."""
-        self._watch(self._placement, shared)
-
-    def watch_prediction_error(self, policy: str, backend: str, read: Callable[[], float]) -> None:
-        """Read a policy's own TTFT prediction error for a backend at scrape time."""
-        self._watch(self._prediction_error.labels(policy, backend), read)
-
     def _watch(self, gauge: Gauge, read: Callable[[], float]) -> None:
         if self._exposed is self.registry:
             gauge.set_function(read)  # read at every collection of the registry
@@ -473,37 +310,11 @@ class Metrics:
         """Count one request against its class's SLO."""
         self._slo_by[met](policy, request_class).inc()
 
-    def shadow_done(
-        self,
-        policy: str,
-        backend: str,
-        request_class: str,
-        code: int,
-        *,
-        ttft: float | None,
-        e2e: float,
-    ) -> None:
-        """Record one finished mirrored request (never mixed with served traffic)."""
-        labels = (policy, backend, request_class)
-        self._shadow_requests.labels(*labels, str(code)).inc()
-        if ttft is not None:
-            self._shadow_ttft.labels(*labels).observe(ttft)
-        self._shadow_e2e.labels(*labels).observe(e2e)
-
-    def shadow_dropped(self, policy: str) -> None:
-        self._shadow_dropped.labels(policy).inc()
-
     def panic_routing(self, model: str) -> None:
         self._panic.labels(model).inc()
 
     def connection_refused(self) -> None:
         self._refused.inc()
-
-    def capture_dropped(self, reason: str) -> None:
-        self._dropped.labels(reason).inc()
-
-    def capture_degraded(self, reason: str) -> None:
-        self._degraded.labels(reason).inc()
 
     def refresh(self) -> None:
         """With workers, set the gauges read from live state: a scrape does it first, and a

@@ -255,7 +255,7 @@ def _planned(state: RouterState, policy: Policy, info: RequestInfo, max_attempts
     raised as the client's error."""
     t0 = time.perf_counter()
     planned = plan(state.pool, policy, info, max_attempts)
-    state.metrics.decision(policy.name, time.perf_counter() - t0)
+    state.metrics.policy.decision(policy.name, time.perf_counter() - t0)
     if isinstance(planned, Refusal):
         raise planned.error()
     return planned

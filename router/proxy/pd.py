@@ -155,7 +155,7 @@ async def open_two_hop(req: TwoHop, hops: Hops) -> Opened:
     state, info, policy = req.state, req.parsed.info, req.policy
     t = time.monotonic()
     planned = plan(state.pool, policy, info, req.failover.max_attempts)
-    state.metrics.decision(policy.name, time.monotonic() - t)
+    state.metrics.policy.decision(policy.name, time.monotonic() - t)
     if isinstance(planned, Refusal):
         raise planned.error()
     phases = planned.decision.memo

@@ -27,7 +27,7 @@ from policies.types import Endpoint, Outcome, RequestInfo
 from router.backends.pool import BackendState, Pool
 from router.config.model import LimitSettings, ShadowSettings
 from router.control.classify import Parsed, with_prefix
-from router.observe.metrics import Metrics
+from router.observe.mirrors import ShadowMetrics
 from router.proxy.body import asks_usage, upstream_body
 from turnout.common.sse import StreamMeter
 
@@ -41,7 +41,7 @@ class Shadows:
         self,
         settings: Mapping[str, ShadowSettings],
         pool: Pool,
-        metrics: Metrics,
+        metrics: ShadowMetrics,
         limits: LimitSettings,
         rng: random.Random | None = None,
     ) -> None:
@@ -76,7 +76,7 @@ class Shadows:
         if s.sample < 1.0 and self._rng.random() >= s.sample:
             return
         if self._open[policy] >= s.max_concurrency:
-            self._metrics.shadow_dropped(policy)
+            self._metrics.dropped(policy)
             return
         shadow_policy = policies.get(s.policy) if s.policy is not None else None
         if shadow_policy is not None and reads_prefix(shadow_policy):
@@ -85,7 +85,7 @@ class Shadows:
         backend = self._target(s, shadow_info, shadow_policy)
         model = None if backend is None else self._pool.upstream_model(backend, info.model)
         if backend is None or model is None:
-            self._metrics.shadow_dropped(policy)
+            self._metrics.dropped(policy)
             return
         add_usage = info.stream and asks_usage(info.endpoint)
         body = upstream_body(raw, parsed.doc, model=model, priority=None, add_usage=add_usage)
@@ -164,7 +164,7 @@ class Shadows:
         end = time.monotonic()
         fig = meter.figures(end)
         ok = 200 <= status < 300 and fig.error is None
-        self._metrics.shadow_done(
+        self._metrics.done(
             policy, backend.name, info.request_class, status, ttft=fig.ttft, e2e=end - start
         )
         if shadow_policy is not None:

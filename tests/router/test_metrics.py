@@ -6,7 +6,8 @@ from policies.base import PipelineObserver
 from policies.registry import BackendInfo, build_policy
 from policies.testing import make_candidate as cand
 from policies.testing import make_request, send
-from router.observe.metrics import PLUGIN_SAMPLE, Metrics
+from router.observe.decisions import PLUGIN_SAMPLE
+from router.observe.metrics import Metrics
 
 
 def sample(m: Metrics, name: str, **labels: str) -> float | None:
@@ -39,9 +40,9 @@ def test_gauges_read_live_state_and_registries_are_separate() -> None:
     assert sample(m, "turnout_backend_up", backend="b") == 1.0
     assert sample(other, "turnout_inflight_requests", backend="b") is None
     m.failover("p", "b")
-    m.decision("p", 2e-5)
-    m.capture_dropped("queue_full")
-    m.capture_degraded("unencodable")
+    m.policy.decision("p", 2e-5)
+    m.capture.dropped("queue_full")
+    m.capture.degraded("unencodable")
     text = m.render().decode()
     assert 'turnout_failovers_total{backend="b",policy="p"} 1.0' in text
     assert 'turnout_policy_decision_seconds_count{policy="p"} 1.0' in text
@@ -51,7 +52,7 @@ def test_gauges_read_live_state_and_registries_are_separate() -> None:
 
 def test_pipeline_plugins_are_timed_and_emptying_filters_counted() -> None:
     m = Metrics()
-    observer: PipelineObserver = m  # the facade is the policies' observer (checked by mypy)
+    observer: PipelineObserver = m.policy  # the policies' observer (checked by mypy)
     backends = [BackendInfo("a", "vllm"), BackendInfo("b", "vllm")]
     params = {
         "filters": [{"type": "members", "params": {"backends": ["a"]}}],
