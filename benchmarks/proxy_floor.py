@@ -22,7 +22,8 @@ import uvloop
 from aiohttp import web
 
 from router.config.model import LimitSettings
-from router.proxy.connection import ConnectionPool, request_head, split_url
+from router.proxy.keepalive import ConnectionPool
+from router.proxy.origin import request_head, split_url
 from router.server.answer import Answer, Client, Serve
 from router.server.site import AiohttpClient
 from router.server.wire import Connections, LeanSite

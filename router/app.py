@@ -34,9 +34,9 @@ from router.control.slo import slo_table
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
 from router.observe.tracing import Tracing, tracing_from_env
-from router.proxy.connection import ConnectionPool
 from router.proxy.drain import CLOSE_SECONDS
 from router.proxy.handler import PATHS, handle
+from router.proxy.keepalive import ConnectionPool
 from router.proxy.shadow import Shadows
 from router.proxy.state import RouterState, Snapshot
 from router.proxy.utility import UTILITY_PATHS, forward

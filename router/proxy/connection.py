@@ -13,7 +13,8 @@ response head, then either reads the whole body (:meth:`Connection.read`) or att
 (:meth:`Connection.stream`) and awaits :meth:`Connection.finished`; finally it hands the
 connection back with :meth:`ConnectionPool.release`, which keeps it only if the response was
 read to its end and the backend allows keep-alive. Anything else closes it, which is also how
-an abandoned stream frees the engine's slot at once.
+an abandoned stream frees the engine's slot at once. The pool is router.proxy.keepalive, and a
+request's address and head are router.proxy.origin's.
 """
 
 from __future__ import annotations
@@ -21,17 +22,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import httptools
 from multidict import CIMultiDict
-from yarl import URL
 
 from router.config.backends import ClientTls
+from router.proxy.origin import Origin
 
 Sink = Callable[[bytes], None]
 MAX_HEAD_BYTES = 64 * 1024
@@ -39,9 +37,6 @@ MAX_HEAD_BYTES = 64 * 1024
 and the most bytes it may send after its head without a byte of body: chunk framing and
 trailers. llhttp bounds neither, and httptools joins a header value's pieces by
 concatenation (quadratic in its length), so past this the response is a protocol error."""
-IDLE_SECONDS = 4.0
-"""How long an unused connection is kept: under uvicorn's (and so vLLM's) 5 s keep-alive, so
-the router does not write a request into a connection the engine is just closing."""
 
 
 class UpstreamError(Exception):
@@ -71,42 +66,6 @@ _FRAMING = frozenset({"content-length", "transfer-encoding"})
 
 class BodyTooLarge(UpstreamError):
     """A response body past the reader's limit (the connection is closed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Where a backend listens: scheme, host and port (one connection pool each)."""
-
-    scheme: str
-    host: str
-    port: int
-
-    @property
-    def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        default = 443 if self.scheme == "https" else 80
-        return host if self.port == default else f"{host}:{self.port}"
-
-
-@lru_cache(maxsize=1024)
-def split_url(url: str) -> tuple[Origin, str]:
-    """``http://host:port/prefix/v1/x?q`` -> (origin, ``/prefix/v1/x?q``); parsed once per URL."""
-    u = URL(url)
-    if u.scheme not in ("http", "https") or not u.host or u.port is None:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    return Origin(u.scheme, u.host, u.port), u.raw_path_qs
-
-
-def request_head(origin: Origin, path: str, headers: dict[str, str], length: int) -> bytes:
-    """A POST request's head, refusing header text that would split it."""
-    lines = [f"POST {path} HTTP/1.1", f"Host: {origin.host_header}"]
-    lines.extend(f"{name}: {value}" for name, value in headers.items())
-    lines.append(f"Content-Length: {length}")
-    text = "\r\n".join(lines) + "\r\n\r\n"
-    # Exactly one CR and one LF per line: a stray one would smuggle a header or a request.
-    if text.count("\n") != len(lines) + 1 or text.count("\r") != len(lines) + 1:
-        raise ValueError("a header name or value contains CR or LF")
-    return text.encode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +269,7 @@ class Connection(asyncio.Protocol):
             self._deadline.cancel()
             self._deadline = None
         if not self._complete:
-            reason = _reason(exc) if exc is not None else "closed"
+            reason = reason_of(exc) if exc is not None else "closed"
             self._fail(UpstreamError(f"backend closed the connection ({reason})"))
         self._transport = None
 
@@ -405,127 +364,7 @@ class Connection(asyncio.Protocol):
         self.abort(UpstreamTimeout(f"no complete answer within {seconds:g} s"))
 
 
-class ConnectionPool:
-    """Idle keep-alive connections per backend origin; one exchange per connection."""
-
-    def __init__(self, idle_seconds: float = IDLE_SECONDS) -> None:
-        # Keyed by TLS settings too: a backend must never get a connection another backend
-        # on the same address opened with other certificates.
-        self._idle: dict[tuple[Origin, ClientTls | None], deque[Connection]] = {}
-        self._idle_seconds = idle_seconds
-        self._tls: ssl.SSLContext | None = None
-        self._closed = False
-
-    async def acquire(
-        self, origin: Origin, connect_timeout: float | None, tls: ClientTls | None = None
-    ) -> Connection:
-        """An idle connection to ``origin``, else a new one (raises :class:`UpstreamError`).
-
-        ``tls``: the backend's TLS client side (an ``https`` origin without it verifies
-        against the system's trust store)."""
-        idle = self._idle.get((origin, tls))
-        if idle:
-            oldest_ok = time.monotonic() - self._idle_seconds
-            while idle:
-                conn = idle.pop()  # the most recently used: the least likely to be closing
-                if conn.reusable and conn.idle_since >= oldest_ok:
-                    return conn
-                conn.abort()
-        return await self._connect(origin, connect_timeout, tls)
-
-    async def request(
-        self,
-        origin: Origin,
-        head: bytes,
-        body: bytes,
-        *,
-        connect_timeout: float | None,
-        deadline: float | None,
-        tls: ClientTls | None = None,
-    ) -> tuple[Connection, ResponseHead]:
-        """Send one request and wait for the response's head; the caller then owns ``conn``.
-
-        A pooled connection that the backend closes without a byte of answer was closing
-        as the request went out (its idle keep-alive ran out): the request is sent once
-        more on a new connection rather than counted against the backend. On any failure
-        (or cancellation) the connection is dropped.
-        """
-        conn = await self.acquire(origin, connect_timeout, tls)
-        try:
-            conn.send(head, body, deadline=deadline)
-            try:
-                return conn, await conn.head()
-            except UpstreamError as exc:
-                if isinstance(exc, UpstreamTimeout) or conn.exchanges == 1 or conn.answered:
-                    raise
-            conn.abort()
-            conn = await self._connect(origin, connect_timeout, tls)
-            conn.send(head, body, deadline=deadline)
-            return conn, await conn.head()
-        except BaseException:
-            conn.abort()
-            raise
-
-    def release(self, conn: Connection) -> None:
-        """Keep ``conn`` for the next request if it is reusable, else close it."""
-        if self._closed or not conn.reusable:
-            conn.abort()
-            return
-        conn.idle_since = time.monotonic()
-        self._idle.setdefault((conn.origin, conn.tls), deque()).append(conn)
-
-    def forget(self, url: str, tls: ClientTls | None) -> None:
-        """Close the idle connections to a backend that left (``url``: its base URL).
-
-        Its streams still open hand their connections back later; those, and any other
-        origin's that nobody asked for in :data:`IDLE_SECONDS`, go at the next call, so
-        backends that come and go leave nothing behind for long.
-        """
-        for conn in self._idle.pop((split_url(url)[0], tls), ()):
-            conn.abort()
-        oldest_ok = time.monotonic() - self._idle_seconds
-        for key, idle in list(self._idle.items()):
-            while idle and idle[0].idle_since < oldest_ok:  # oldest first: released in order
-                idle.popleft().abort()
-            if not idle:
-                del self._idle[key]
-
-    def close(self) -> None:
-        """Close every idle connection (connections in use close on release)."""
-        self._closed = True
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.abort()
-        self._idle.clear()
-
-    async def _connect(
-        self, origin: Origin, timeout: float | None, tls: ClientTls | None
-    ) -> Connection:
-        loop = asyncio.get_running_loop()
-        context = None
-        if origin.scheme == "https":
-            if tls is None and self._tls is None:
-                self._tls = ssl.create_default_context()
-            context = tls.context if tls is not None else self._tls
-        server_name = tls.server_name if tls is not None and tls.server_name else None
-        try:
-            async with asyncio.timeout(timeout):
-                _, conn = await loop.create_connection(
-                    lambda: Connection(origin, tls),
-                    origin.host,
-                    origin.port,
-                    ssl=context,
-                    server_hostname=server_name if context is not None else None,
-                )
-        except TimeoutError:  # ours, or the kernel's own (ETIMEDOUT) when timeout is None
-            after = f" after {timeout:g} s" if timeout is not None else ""
-            raise ConnectTimeout(f"connect timed out{after}") from None
-        except OSError as exc:
-            raise UpstreamError(f"connect failed ({_reason(exc)})") from None
-        return conn
-
-
-def _reason(exc: BaseException) -> str:
+def reason_of(exc: BaseException) -> str:
     """What went wrong, in a word: the exception's class, or for TLS OpenSSL's reason code
     (``CERTIFICATE_VERIFY_FAILED``), which names no host, certificate or key."""
     if isinstance(exc, ssl.SSLError):

@@ -19,8 +19,8 @@ from router.observe.access import AccessLog
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
 from router.observe.tracing import NoTracing, Tracing
-from router.proxy.connection import ConnectionPool
 from router.proxy.drain import Drain
+from router.proxy.keepalive import ConnectionPool
 from router.proxy.shadow import Shadows
 from router.proxy.tailstate import TailMemory
 

@@ -48,7 +48,7 @@ from router.config.tail import TailSettings
 from router.control.admission import Admission, QueueRejected
 from router.control.plan import first_free
 from router.observe.metrics import Metrics
-from router.proxy.connection import ConnectionPool
+from router.proxy.keepalive import ConnectionPool
 from router.proxy.state import RouterState
 from router.proxy.tailstate import TailMemory
 from router.proxy.upstream import Opened, Target, UpstreamFailed

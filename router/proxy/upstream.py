@@ -39,15 +39,14 @@ from router.observe.outcomes import Reason, answer_reason
 from router.observe.tracing import NO_TRACE, RequestTrace
 from router.proxy.connection import (
     Connection,
-    ConnectionPool,
     ConnectTimeout,
     ProtocolError,
     ResponseHead,
     UpstreamError,
-    request_head,
-    split_url,
 )
 from router.proxy.headers import upstream_headers
+from router.proxy.keepalive import ConnectionPool
+from router.proxy.origin import request_head, split_url
 from router.server.errors import RouterError
 
 # A 5xx that says the backend (or a proxy in front of it) cannot serve now, whatever was asked.

@@ -11,7 +11,9 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from router.proxy.connection import Connection, ConnectionPool, Origin, request_head
+from router.proxy.connection import Connection
+from router.proxy.keepalive import ConnectionPool
+from router.proxy.origin import Origin, request_head
 
 BODY = b'{"model":"m","prompt":"hi","stream":true}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\nok"

@@ -18,7 +18,7 @@ import pytest
 from policies.types import RequestInfo
 from router.backends.pool import Pool
 from router.config.model import BackendSpec, ClassTimeouts, FailoverSettings, HealthSettings
-from router.proxy.connection import ConnectionPool
+from router.proxy.keepalive import ConnectionPool
 from router.proxy.upstream import Opened, Target, UpstreamFailed, open_upstream
 from tests.router.rawserver import BODY, Backend, Peer, answer_each
 

@@ -20,15 +20,13 @@ import uvloop
 
 from router.proxy.connection import (
     MAX_HEAD_BYTES,
-    ConnectionPool,
-    Origin,
     ProtocolError,
     ResponseHead,
     UpstreamError,
     UpstreamTimeout,
-    request_head,
-    split_url,
 )
+from router.proxy.keepalive import ConnectionPool
+from router.proxy.origin import Origin, request_head, split_url
 from tests.router.rawserver import (
     BODY,
     CHUNKED,

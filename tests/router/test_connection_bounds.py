@@ -7,7 +7,8 @@ from contextlib import closing
 
 import pytest
 
-from router.proxy.connection import BodyTooLarge, ConnectionPool
+from router.proxy.connection import BodyTooLarge
+from router.proxy.keepalive import ConnectionPool
 from tests.router.rawserver import Backend, answer_once, chunk, start
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"

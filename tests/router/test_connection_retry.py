@@ -11,7 +11,9 @@ from contextlib import closing
 
 import pytest
 
-from router.proxy.connection import ConnectionPool, Origin, UpstreamError, request_head
+from router.proxy.connection import UpstreamError
+from router.proxy.keepalive import ConnectionPool
+from router.proxy.origin import Origin, request_head
 from tests.router.rawserver import BODY, OK, Backend, Peer, Script
 
 PARTIAL = b"HTTP/1.1 200 OK\r\nContent-Le"
