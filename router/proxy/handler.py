@@ -1,5 +1,6 @@
 """The request handler: classify -> choose -> connect with failover -> stream -> record.
 
+Choosing (the request's policy, its plan and the attempts' bodies) is router.proxy.choose.
 The answer itself is passed on by router.proxy.relay (the per-chunk hot path). Bookkeeping
 (metrics, policy feedback, capture) runs synchronously in ``finally`` so a client disconnect,
 which cancels the handler, cannot skip it.
@@ -13,29 +14,22 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-from policies.base import Policy, reads_prefix
+from policies.base import reads_prefix
 from policies.pd import PdPolicy
-from policies.types import Endpoint, RequestInfo
+from policies.types import Endpoint
 from router.control.auth import QuotaHold, Tenant
-from router.control.classify import Parsed, classify
-from router.control.fair import NOBODY, engine_priority
-from router.control.plan import Plan, Refusal, plan
+from router.control.classify import classify
+from router.control.fair import NOBODY
 from router.observe.outcomes import answer_reason
-from router.proxy.body import OFFLOAD_BYTES, asks_usage, upstream_body
+from router.proxy.body import OFFLOAD_BYTES
+from router.proxy.choose import header_for, plan_timed, policy_for, router_asks_usage, with_bodies
 from router.proxy.drain import Ticket, shutting_down
 from router.proxy.exchange import Exchange
 from router.proxy.pd import Hops, TwoHop, open_two_hop
 from router.proxy.relay import CLIENT_CLOSED, failed_answer, relay
-from router.proxy.state import RouterState, Snapshot
+from router.proxy.state import RouterState
 from router.proxy.tail import hold_first_token
-from router.proxy.upstream import (
-    Failure,
-    Opened,
-    Target,
-    UpstreamFailed,
-    UpstreamFault,
-    open_upstream,
-)
+from router.proxy.upstream import Failure, Opened, UpstreamFailed, UpstreamFault, open_upstream
 from router.server.answer import Answer, Client
 from router.server.errors import RouterError, error_answer
 from router.server.ids import request_id
@@ -79,7 +73,7 @@ async def handle(
         ticket = state.drain.enter()
         tenant = run_as.tenant if run_as is not None else snap.gate.identify(headers)
         ex.tenant = tenant.capture_id if tenant is not None else None
-        ex.policy = policy = _policy(request, snap, tenant)
+        ex.policy = policy = policy_for(request, snap, tenant)
         extra["X-Turnout-Policy"] = policy.name
         snap.gate.refuse_early(tenant)  # over quota: not worth reading the body
         limits = config.limits
@@ -89,7 +83,7 @@ async def handle(
             ex.body,
             endpoint,
             request_id=rid,
-            header_class=_header(request, "X-Request-Class", tenant, "request_class"),
+            header_class=header_for(request, "X-Request-Class", tenant, "request_class"),
             key_class=tenant.spec.request_class if tenant is not None else None,
             session_key=headers.get("X-Session-Id"),
             settings=config.classification,
@@ -105,7 +99,7 @@ async def handle(
         # Within the configured bounds: a backend must not set what its answers cost.
         context = limits.context_tokens(state.pool.context_tokens(info.model))
         hold = await snap.gate.admit(tenant, info, context)
-        add_usage = _router_asks_usage(parsed)
+        add_usage = router_asks_usage(parsed)
         timeouts = config.timeouts_for(info.request_class)
         on_failover = partial(_failed_over, state, policy.name)
         share = tenant.share if tenant is not None else NOBODY
@@ -117,8 +111,8 @@ async def handle(
             opened = await open_two_hop(two, ex.hops)
         else:
             t = time.monotonic()
-            planned = _planned(state, policy, info, config.failover.max_attempts)
-            targets = _targets(planned, parsed, ex.body, endpoint, add_usage, share.band)
+            planned = plan_timed(state, policy, info, config.failover.max_attempts)
+            targets = with_bodies(planned, parsed, ex.body, PATHS[endpoint], add_usage, share.band)
             cost = (info.prompt_tokens, info.expected_output_tokens)
             first = await state.admission.take(info.request_class, targets, share, cost)
             policy.committed(info, planned.decision, first.backend.name)
@@ -222,67 +216,6 @@ async def handle(
         if hold is not None:
             hold.release(ex.settlement(hold.charged, opened.head.status if opened else None))
         ex.finish(state, snap)
-
-
-def _header(request: Client, name: str, tenant: Tenant | None, setting: str) -> str | None:
-    """Header ``name``, unless the caller's key configures ``setting`` and allows no override."""
-    if tenant is not None and not tenant.overrides(getattr(tenant.spec, setting)):
-        return None
-    return request.headers.get(name)
-
-
-def _policy(request: Client, snap: Snapshot, tenant: Tenant | None) -> Policy:
-    """The header's policy (if honoured), else the API key's, else the default."""
-    name = _header(request, "X-Turnout-Policy", tenant, "policy")
-    if name is None or not snap.config.honor_policy_header:
-        own = tenant.spec.policy if tenant is not None else None
-        return snap.policies[own or snap.config.default_policy]
-    policy = snap.policies.get(name.strip())
-    if policy is None:
-        known = ", ".join(snap.policies)
-        raise RouterError(400, f"unknown policy '{name}' (known: {known})", "X-Turnout-Policy")
-    return policy
-
-
-def _router_asks_usage(parsed: Parsed) -> bool:
-    """A stream whose client did not ask for usage: the router asks, then strips it."""
-    info = parsed.info
-    return info.stream and not parsed.include_usage and asks_usage(info.endpoint)
-
-
-def _planned(state: RouterState, policy: Policy, info: RequestInfo, max_attempts: int) -> Plan:
-    """:func:`router.control.plan.plan`, timed for the policy's decision metric; a refusal is
-    raised as the client's error."""
-    t0 = time.perf_counter()
-    planned = plan(state.pool, policy, info, max_attempts)
-    state.metrics.policy.decision(policy.name, time.perf_counter() - t0)
-    if isinstance(planned, Refusal):
-        raise planned.error()
-    return planned
-
-
-def _targets(
-    planned: Plan, parsed: Parsed, raw: bytes, endpoint: Endpoint, add_usage: bool, band: int
-) -> list[Target]:
-    """The plan's attempts with the bodies they send; ``add_usage``: each body asks for the
-    stream's usage (:func:`_router_asks_usage`); ``band``: the caller's priority band, which
-    moves the ``priority`` field of engines that schedule by it."""
-    return [
-        Target(
-            a.backend,
-            a.backend.spec.url + PATHS[endpoint],
-            upstream_body(
-                raw,
-                parsed.doc,
-                model=a.model,
-                priority=engine_priority(planned.priority(a.backend), band)
-                if a.backend.spec.priority_capable
-                else None,
-                add_usage=add_usage,
-            ),
-        )
-        for a in planned.attempts
-    ]
 
 
 def _failed_over(state: RouterState, policy: str, failure: Failure) -> None:
