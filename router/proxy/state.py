@@ -15,6 +15,7 @@ from router.control.admission import Admission
 from router.control.auth import Gate
 from router.control.placement import PlacementFeed
 from router.control.slo import SloTable
+from router.control.tailstate import TailMemory
 from router.observe.access import AccessLog
 from router.observe.capture import CaptureWriter
 from router.observe.metrics import Metrics
@@ -22,7 +23,6 @@ from router.observe.tracing import NoTracing, Tracing
 from router.proxy.drain import Drain
 from router.proxy.keepalive import ConnectionPool
 from router.proxy.shadow import Shadows
-from router.proxy.tailstate import TailMemory
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,22 +10,13 @@ rest on as they came, byte for byte. The race ends as soon as an answer is plain
 going to be held: not an event stream, a stream that ended or broke, or more than
 ``max_event_size`` buffered without content.
 
-- **Deadline.** An attempt with no content by its deadline (from its send) is cut: its
-  connection is closed (the engine frees the slot) and its lease released. If another
-  attempt is live it simply goes on; else the next backends of the ranking are tried, and the
-  late attempt is cut once one of them answered its headers (if none does, it stays). No
-  failover goes to a backend that is full or reports waiting requests: under saturation a
-  late token is the queue's, and cutting would only requeue the request. The last attempt
-  (as is one whose every backend left is queueing) is never cut: it gets
-  ``last_attempt_grace`` times its deadline, and past that its stream is let through to the
-  client as it is. A cut attempt's lease is told it failed
-  only once another backend produced a first token for the same request, so a missed deadline
-  counts toward ejection only as failures do (router.proxy.upstream's evidence rule).
-- **Hedge.** When the first attempt has no content after the hedge delay, the class's
-  budget allows it (router.proxy.tailstate), the prompt is short enough and the next
-  backend is not queueing, one copy goes down the rest of the ranking. The first content
-  wins; the other attempt is cut and counted (``turnout_hedges_cancelled_total``, and its
-  prompt and streamed content events in ``turnout_hedge_wasted_tokens_total``).
+What is decided (which attempt is cut at its deadline, when a failover or a hedge goes, who
+wins, what a miss counts against) is :class:`router.control.race.Race`'s, the one core that
+``replay simulate`` drives in virtual time too; this module carries its moves out on
+sockets: a cut closes the attempt's connection (the engine frees the slot) and releases its
+lease, an opening is :func:`~router.proxy.upstream.open_upstream` down the rest of the
+ranking, and the metrics (``turnout_first_token_deadlines_missed_total``,
+``turnout_hedges_*``, ``turnout_hedge_wasted_tokens_total``) count what it did.
 
 The request's record, quota, capture and policy feedback see only the winner (the handler
 keeps one :class:`~router.proxy.upstream.Opened`); every attempt held its own backend lease
@@ -38,7 +29,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -46,11 +37,13 @@ from policies.types import RequestClass, RequestInfo
 from router.config.model import RouterConfig
 from router.config.tail import TailSettings
 from router.control.admission import Admission, QueueRejected
-from router.control.plan import first_free
+from router.control.race import Held, Moves
+from router.control.race import Race as Decisions
+from router.control.race import queueing as busy
+from router.control.tailstate import TailMemory
 from router.observe.metrics import Metrics
 from router.proxy.keepalive import ConnectionPool
 from router.proxy.state import RouterState
-from router.proxy.tailstate import TailMemory
 from router.proxy.upstream import Opened, Target, UpstreamFailed
 from turnout.common.sse import StreamMeter
 
@@ -92,24 +85,17 @@ async def hold_first_token(
 
 @dataclass(slots=True, eq=False)
 class _Attempt:
+    """An attempt's connection and the scan of its buffered stream."""
+
     opened: Opened
-    sent: float
-    deadline: float
-    hedge: bool
     probe: StreamMeter
     watch: asyncio.Task[None]
-    graced: bool = False
-    late: bool = False
-    """Past its deadline, kept until a failover's attempt answers."""
-
-    @property
-    def content(self) -> bool:
-        return self.probe.first_content is not None
 
 
 @dataclass(slots=True)
 class Race:
-    """One request's held attempts; :meth:`run` returns the winner."""
+    """One request's held attempts on sockets: :class:`router.control.race.Race` decides,
+    this carries its moves out; :meth:`run` returns the winner."""
 
     connections: ConnectionPool
     open_more: Opener
@@ -122,103 +108,88 @@ class Race:
     hold_max: float
     """The longest an attempt is held without a deadline (the class's idle timeout)."""
     queueing: Callable[[Target], bool]
-    """Whether a hedge to this target would only queue (the budget then collapses)."""
-    live: list[_Attempt] = field(default_factory=list)
-    rest: list[Target] = field(default_factory=list)
-    """The ranking's targets no attempt or opening has gone to yet."""
-    cut_late: list[_Attempt] = field(default_factory=list)
-    hedged: bool = False
-    attempts: int = 1
-    _given: list[Target] = field(default_factory=list)
+    """Whether another attempt on this target would only wait (the budget then collapses)."""
+    _core: Decisions[_Attempt, Target] | None = None
+    _opening: asyncio.Task[Opened] | None = None
+    _hedging: bool = False
 
     async def run(self, first: Opened, sent: float, rest: Sequence[Target]) -> Opened:
         """The attempt whose stream the client gets; every other one is cut."""
         if not _is_stream(first):
             first.lease.ok()
             return first
-        self.rest = list(rest)
-        hedge, budget = self.tail.hedge, None
-        if hedge is not None:
-            budget = self.memory.budget(self.req.request_class, hedge.max_fraction)
-            budget.earn()
-        self._add(first, sent, hedge=False)
-        winner: _Attempt | None = None
-        opening: asyncio.Task[Opened] | None = None
-        opening_hedge = False
-        hedge_at = self._hedge_at(first, sent)
+        req = self.req
+        core = self._core = Decisions(
+            self.tail, self.memory, req.request_class, req.prompt_tokens, rest,
+            self.queueing, self.hold_max,
+        )  # fmt: skip
+        core.start(self._attempt(first, sent), first.target.backend.name, sent)
+        winner: Held[_Attempt] | None = None
         try:
             while winner is None:
                 now = time.monotonic()
-                if hedge_at <= now and opening is None and budget is not None and self.rest:
-                    hedge_at = math.inf
-                    if budget.spend(self.queueing(self.rest[0])):
-                        opening, opening_hedge = self._open(), True
-                        self.hedged = opening is not None
-                winner = self._expire(now, opening is not None)
+                winner = self._apply(core.due(now))
                 if winner is not None:
                     break
-                if opening is None and any(a.late for a in self.live) and self.rest:
-                    opening, opening_hedge = self._open(), False
-                timer = min([hedge_at, *(a.deadline for a in self.live if not a.late)])
-                waits: set[asyncio.Future[Any]] = {a.watch for a in self.live}
+                timer = core.next_timer()
+                waits: set[asyncio.Future[Any]] = {a.handle.watch for a in core.live}
+                opening = self._opening
                 if opening is not None:
                     waits.add(opening)
                 timeout = None if timer == math.inf else max(0.0, timer - now)
                 await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if opening is not None and opening.done():
-                    winner = self._opened(opening, opening_hedge)
-                    opening = None
+                    self._opening = None
+                    winner = self._opened(opening)
                 winner = winner or self._settled()
-            return replace(self._won(winner), failovers=self.attempts - 1)
+            opened = winner.handle.opened
+            opened.lease.ok()
+            return replace(opened, failovers=core.attempts - 1)
         finally:
-            if opening is not None:  # a client gone, or a winner before it answered
-                opening.cancel()
-                opening.add_done_callback(self._discard)
-            for a in list(self.live):
+            if self._opening is not None:  # a client gone, or a winner before it answered
+                self._opening.cancel()
+                self._opening.add_done_callback(self._discard)
+            for a in list(core.live):
                 if a is not winner:
                     self._cut(a)
 
-    # -- attempts -------------------------------------------------------------------------
-
-    def _add(self, opened: Opened, sent: float, *, hedge: bool) -> _Attempt:
-        backend = opened.target.backend.name
-        limit = self.memory.deadline(self.tail, self.req.request_class, backend)
+    def _attempt(self, opened: Opened, sent: float) -> _Attempt:
         probe = StreamMeter(sent, max_event_size=self.max_event_size, choices=self.req.choices)
         watch = asyncio.ensure_future(_scan(opened, probe, self.max_event_size))
-        deadline = sent + (self.hold_max if limit is None else limit)
-        a = _Attempt(opened, sent, deadline, hedge, probe, watch)
-        self.live.append(a)
-        return a
+        return _Attempt(opened, probe, watch)
 
-    def _open(self) -> asyncio.Task[Opened] | None:
-        """Open the rest of the ranking from its first backend with room (the opening fails
-        over down it by itself); None when every one is full."""
-        at = first_free(self.rest)
-        if at is None:
-            return None
-        self._given, self.rest = self.rest[at:], []
-        return asyncio.ensure_future(self.open_more(self._given))
+    def _apply(self, moves: Moves[_Attempt, Target]) -> Held[_Attempt] | None:
+        """Carry out the core's moves; the winner, if they name one."""
+        for a, missed in moves.cut:
+            self._cut(a, missed=missed)
+        if moves.open is not None:
+            self._opening = asyncio.ensure_future(self.open_more(moves.open))
+            self._hedging = moves.hedge
+        winner = moves.winner
+        if winner is not None and winner.handle.probe.first_content is not None:
+            for late in moves.blame:  # another backend served in time: the miss counts
+                late.handle.opened.lease.failed()
+            if winner.hedge:
+                self.metrics.hedge_won(self.policy, winner.backend, self.req)
+        return winner
 
-    def _opened(self, task: asyncio.Task[Opened], hedge: bool) -> _Attempt | None:
+    def _opened(self, task: asyncio.Task[Opened]) -> Held[_Attempt] | None:
         """A hedge's or a failover's opening ended; a winner if its answer is not a stream."""
+        core = self._core
+        assert core is not None
         try:
             opened = task.result()
         except (UpstreamFailed, QueueRejected):
-            for a in self.live:  # they stay; the last of them gets its grace
-                a.late = False
+            core.open_failed()
             return None
-        given = self._given
-        at = next(i for i, t in enumerate(given) if t is opened.target)
-        self.rest = given[at + 1 :]
-        self.attempts += opened.failovers + 1
-        if hedge:
+        if self._hedging:
             self.metrics.hedge_fired(self.policy, opened.target.backend.name, self.req)
-        a = self._add(opened, time.monotonic(), hedge=hedge)
-        if not _is_stream(opened):
-            return a
-        for late in [x for x in self.live if x.late]:
-            self._cut(late, missed=True)
-        return None
+        now = time.monotonic()
+        moves = core.opened(
+            self._attempt(opened, now), opened.target, now,
+            failovers=opened.failovers, stream=_is_stream(opened),
+        )  # fmt: skip
+        return self._apply(moves)
 
     def _discard(self, task: asyncio.Task[Opened]) -> None:
         """An opening no longer wanted ended: cut what it opened, if anything."""
@@ -228,82 +199,42 @@ class Race:
             self.connections.release(opened.conn)
             opened.lease.release()
 
-    def _expire(self, now: float, opening: bool) -> _Attempt | None:
-        """Cut or mark the attempts past their deadline; a graced one past its grace wins."""
-        for a in list(self.live):
-            if a.deadline > now or a.late:
+    def _settled(self) -> Held[_Attempt] | None:
+        """The attempt whose scan ended (content, or an answer not to be held), if any."""
+        core = self._core
+        assert core is not None
+        for a in list(core.live):
+            att = a.handle
+            if not att.watch.done():
                 continue
-            others = any(x is not a and not x.late for x in self.live)
-            if others:
-                self._cut(a, missed=True)
-            elif opening or self._may_fail_over():
-                a.late = True  # cut once a failover's attempt has answered
-            elif not a.graced:
-                a.graced = True
-                a.deadline = a.sent + (a.deadline - a.sent) * self.tail.last_attempt_grace
-            else:
-                return a  # let through, however late: never a 504 for a valid answer
+            probe = att.probe
+            if probe.first_content is not None:
+                return self._apply(core.content(a, probe.first_content))
+            broke = not probe.done and probe.failure is None and att.opened.conn.over
+            moves = core.ended(a, broke=broke)
+            if moves.winner is None:
+                att.opened.lease.failed()  # broke off before its first token: the backend's
+            winner = self._apply(moves)
+            if winner is not None:
+                return winner
         return None
 
-    def _may_fail_over(self) -> bool:
-        """A backend is left that has room and does not queue: under saturation a late
-        first token is the queue's, and another attempt would only join another queue."""
-        at = first_free(self.rest)
-        return at is not None and not self.queueing(self.rest[at])
-
-    def _settled(self) -> _Attempt | None:
-        """The attempt whose scan ended (content, or an answer not to be held), if any; one
-        that broke before any content is cut while another attempt is live."""
-        for a in list(self.live):
-            if not a.watch.done():
-                continue
-            probe = a.probe
-            broke = not a.content and not probe.done and probe.failure is None
-            if broke and a.opened.conn.over and len(self.live) > 1:
-                a.opened.lease.failed()  # broke off before its first token: the backend's
-                self._cut(a)
-                continue
-            return a
-        return None
-
-    def _won(self, a: _Attempt) -> Opened:
-        opened = a.opened
-        opened.lease.ok()
-        if a.content:
-            cls, backend = self.req.request_class, opened.target.backend.name
-            first = a.probe.first_content or a.sent
-            self.memory.window(cls, backend).add(first - a.sent)
-            for late in self.cut_late:  # another backend served in time: the miss counts
-                late.opened.lease.failed()
-            if a.hedge:
-                self.metrics.hedge_won(self.policy, backend, self.req)
-        return opened
-
-    def _cut(self, a: _Attempt, *, missed: bool = False) -> None:
+    def _cut(self, a: Held[_Attempt], *, missed: bool = False) -> None:
         """Close ``a``'s connection (the engine frees its slot) and end its lease."""
-        if a in self.live:
-            self.live.remove(a)
-        a.watch.cancel()
-        opened = a.opened
+        core = self._core
+        assert core is not None
+        att = a.handle
+        att.watch.cancel()
+        opened = att.opened
         opened.conn.abort()
         self.connections.release(opened.conn)
         opened.lease.release()
+        backend = opened.target.backend.name
         if missed:
-            self.cut_late.append(a)
-            self.metrics.deadline_missed(self.policy, opened.target.backend.name, self.req)
-        if self.hedged:
-            wasted = self.req.prompt_tokens + a.probe.content_events
-            self.metrics.hedge_cancelled(self.policy, opened.target.backend.name, self.req, wasted)
-
-    def _hedge_at(self, first: Opened, sent: float) -> float:
-        tail, req = self.tail, self.req
-        hedge = tail.hedge
-        if hedge is None or not self.rest:
-            return math.inf
-        if hedge.max_prompt_tokens is not None and req.prompt_tokens > hedge.max_prompt_tokens:
-            return math.inf
-        delay = self.memory.hedge_delay(tail, req.request_class, first.target.backend.name)
-        return math.inf if delay is None else sent + delay
+            self.metrics.deadline_missed(self.policy, backend, self.req)
+        if core.hedged:
+            wasted = core.wasted(att.probe.content_events)
+            self.metrics.hedge_cancelled(self.policy, backend, self.req, wasted)
 
 
 def _is_stream(opened: Opened) -> bool:
@@ -328,14 +259,5 @@ async def _scan(opened: Opened, probe: StreamMeter, limit: int) -> None:
 
 
 def queueing(admission: Admission, cls: RequestClass) -> Callable[[Target], bool]:
-    """Whether a copy to a target would wait: its class queues for admission, or the backend
-    is at its ``max_inflight`` or its engine last reported requests waiting."""
-
-    def busy(target: Target) -> bool:
-        b = target.backend
-        cap = b.spec.max_inflight
-        waiting = b.load.waiting if b.load is not None else None
-        full = cap is not None and b.inflight >= cap
-        return admission.waiting(cls) > 0 or full or bool(waiting)
-
-    return busy
+    """Whether a copy to a target would wait (router.control.race.queueing)."""
+    return lambda target: busy(target.backend, admission.waiting(cls))

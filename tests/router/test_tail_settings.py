@@ -6,7 +6,7 @@ import pytest
 
 from router.config.parse import parse_config
 from router.config.tail import HedgeSettings, TailSettings
-from router.proxy.tailstate import MIN_SAMPLES, HedgeBudget, TailMemory
+from router.control.tailstate import MIN_SAMPLES, HedgeBudget, TailMemory
 from tests.router.harness import base_config
 from tests.router.test_config import errors_of
 
