@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,15 +176,36 @@ def rss_kb(pid: int) -> int:
     return _status_kib(pid, "VmRSS")
 
 
-def metric(url: str, pattern: str) -> float:
-    """The sum of every sample of ``url``'s /metrics whose line matches ``pattern``."""
+def scrape(url: str) -> str:
+    """``url``'s /metrics as text: one scrape for several :func:`metric_in` readings."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if not line.startswith("#") and re.match(pattern, line)
-    )
+        return str(resp.read().decode())
+
+
+def metric_in(
+    text: str, pattern: str, labels: Mapping[str, str] | None = None, *, required: bool = False
+) -> float:
+    """The sum of every sample of a /metrics ``text`` whose line matches ``pattern`` from its
+    start and carries each of ``labels`` (``metric_in(t, "x_total", {"backend": "a"})``), 0 if
+    none does. ``required``: none is an error, so that a renamed series cannot read as 0."""
+    wanted = [f'{name}="{value}"' for name, value in (labels or {}).items()]
+    values = []
+    for line in text.splitlines():
+        if line.startswith("#") or not re.match(pattern, line):
+            continue
+        series, value = line.rsplit(" ", 1)
+        given = series.partition("{")[2].rstrip("}")
+        if all(f",{label}," in f",{given}," for label in wanted):  # whole labels only
+            values.append(float(value))
+    assert values or not required, f"no sample matches {pattern!r} {labels or ''}"
+    return sum(values)
+
+
+def metric(
+    url: str, pattern: str, labels: Mapping[str, str] | None = None, *, required: bool = False
+) -> float:
+    """:func:`metric_in` of a fresh scrape of ``url``."""
+    return metric_in(scrape(url), pattern, labels, required=required)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import openai
@@ -14,7 +13,7 @@ from openai import Stream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.emulator.conftest import client_for
-from tests.procs import Emulator, start_emulator
+from tests.procs import Emulator, metric, start_emulator
 
 MODEL = "deepseek-v4.1-flash"
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story."}]
@@ -32,14 +31,6 @@ def _chat(
         extra_body={"ignore_eos": True},
         stream=stream,
     )
-
-
-def _metric(emu: Emulator, name: str) -> float:
-    with urllib.request.urlopen(emu.url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    m = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)
-    assert m, name
-    return float(m.group(1))
 
 
 @pytest.mark.parametrize("status", [429, 500, 503])
@@ -83,13 +74,16 @@ def test_disconnect_frees_the_slot() -> None:
         it = iter(stream)
         for _ in range(3):
             next(it)
-        assert _metric(emu, "vllm:num_requests_running") == 1
+        assert metric(emu.url, "vllm:num_requests_running", required=True) == 1
         stream.close()
         deadline = time.monotonic() + 10
-        while _metric(emu, "vllm:num_requests_running") != 0 and time.monotonic() < deadline:
+        while (
+            metric(emu.url, "vllm:num_requests_running", required=True) != 0
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
-        assert _metric(emu, "vllm:num_requests_running") == 0
-        assert _metric(emu, "vllm:kv_cache_usage_perc") == 0
+        assert metric(emu.url, "vllm:num_requests_running", required=True) == 0
+        assert metric(emu.url, "vllm:kv_cache_usage_perc", required=True) == 0
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +111,7 @@ def test_cli_drop_after_and_stall() -> None:
 
 def _await_metric(emu: Emulator, name: str, value: float, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while (got := _metric(emu, name)) != value:
+    while (got := metric(emu.url, name, required=True)) != value:
         assert time.monotonic() < deadline, f"{name} is {got}, not {value}, after {timeout} s"
         time.sleep(0.01)
 
@@ -139,7 +133,7 @@ def test_max_waiting_rejects_with_503() -> None:
         _await_metric(emu, "vllm:num_requests_running", 1)  # one running,
         threads[1].start()
         _await_metric(emu, "vllm:num_requests_waiting", 1)  # then one waiting
-        assert _metric(emu, "vllm:num_requests_running") == 1
+        assert metric(emu.url, "vllm:num_requests_running", required=True) == 1
         with pytest.raises(openai.APIStatusError) as info:
             _chat(client)
         assert info.value.status_code == 503

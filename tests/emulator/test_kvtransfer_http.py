@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import urllib.request
-
 import openai
 import pytest
 
 from router.proxy.pd import TO_DECODE
 from tests.emulator.conftest import client_for
-from tests.procs import start_emulator
+from tests.procs import metric, start_emulator
 
 MODEL = "deepseek-v4.1-flash"
 PROMPT = " ".join(f"w{i}" for i in range(400))
-
-
-def metric(url: str, name: str) -> float:
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
 def prefill(client: openai.OpenAI) -> dict[str, object]:

@@ -9,8 +9,7 @@ import pytest
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.integration.test_router_failover import metric
-from tests.procs import ROOT, Process, wait_for
+from tests.procs import ROOT, Process, metric_in, wait_for
 from tests.router.harness import client_for, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -82,7 +81,7 @@ def test_batch_is_mirrored_through_the_shadow_policy(router: Process) -> None:
     def mirrored() -> float:
         text = get(router.url + "/metrics").text
         return sum(
-            metric(
+            metric_in(
                 text,
                 r'turnout_shadow_requests_total\{backend="NAME",class="batch",code="200",'
                 r'policy="adaptive"\}'.replace("NAME", name),

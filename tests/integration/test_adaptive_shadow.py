@@ -11,8 +11,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from router.config.model import ConfigError
 from router.config.parse import parse_config
-from tests.integration.test_router_failover import metric
-from tests.procs import Process, start_emulator, wait_for
+from tests.procs import Process, metric, metric_in, start_emulator, wait_for
 from tests.router.harness import base_config, client_for, get, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -59,13 +58,13 @@ def test_stalled_shadow_does_not_delay_the_client(live: Process, tmp_path: Path)
             assert time.monotonic() - started < STALL_S / 2
             text = get(router.url + "/metrics").text
             # Two shadow requests are still waiting on the stalled backend; four were dropped.
-            assert metric(text, r'turnout_shadow_dropped_total\{policy="mirrored"\}') == 4
+            assert metric_in(text, r'turnout_shadow_dropped_total\{policy="mirrored"\}') == 4
             assert "turnout_shadow_requests_total{" not in text
             served = r'turnout_requests_total\{backend="live",class="interactive",code="200"'
-            assert metric(text, served + r',policy="mirrored",reason="ok"\}') == 6
+            assert metric_in(text, served + r',policy="mirrored",reason="ok"\}') == 6
             assert 'turnout_requests_total{backend="shadow"' not in text
             # Open shadow requests do not count as the backend's in-flight work.
-            assert metric(text, r'turnout_inflight_requests\{backend="shadow"\}') == 0
+            assert metric_in(text, r'turnout_inflight_requests\{backend="shadow"\}') == 0
 
 
 def test_class_filter_and_shadow_metrics(live: Process, tmp_path: Path) -> None:
@@ -84,18 +83,18 @@ def test_class_filter_and_shadow_metrics(live: Process, tmp_path: Path) -> None:
                 r'turnout_shadow_requests_total\{backend="shadow",class="batch",'
                 r'code="200",policy="mirrored"\}'
             )
-            assert wait_for(lambda: metric(get(router.url + "/metrics").text, pattern) == 2)
+            assert wait_for(lambda: metric(router.url, pattern) == 2)
             text = get(router.url + "/metrics").text
             assert 'turnout_shadow_requests_total{backend="shadow",class="interactive"' not in text
             e2e = r'turnout_shadow_e2e_request_latency_seconds_count\{backend="shadow",'
-            assert metric(text, e2e + r'class="batch",policy="mirrored"\}') == 2
+            assert metric_in(text, e2e + r'class="batch",policy="mirrored"\}') == 2
             # Unmirrored policy: nothing sampled.
             plain = client_for(router.url)
             plain.chat.completions.create(
                 model=MODEL, messages=CHAT, max_tokens=4, extra_headers={"X-Request-Class": "batch"}
             )
             time.sleep(0.3)
-            assert metric(get(router.url + "/metrics").text, pattern) == 2
+            assert metric(router.url, pattern) == 2
 
 
 def test_shadow_config_errors() -> None:

@@ -28,7 +28,7 @@ from tests.batchkit import (
     submit,
     wait,
 )
-from tests.procs import Process, run_replay, start_emulator
+from tests.procs import Process, metric, run_replay, start_emulator
 from tests.router.harness import base_config, get, post, request, start_router, write_config
 
 
@@ -79,8 +79,10 @@ def test_a_batch_runs_on_the_batch_pool(
     client: openai.OpenAI, router: Process, capture: Path
 ) -> None:
     ids = [f"line-{i}" for i in range(30)]
-    completed = _batch_metric(router, "turnout_batch_lines_total", 'outcome="completed"')
-    tokens = _batch_metric(router, "turnout_batch_tokens_total", 'kind="completion"')
+    completed = metric(
+        router.url, "turnout_batch_lines_total", {"outcome": "completed"}, required=True
+    )
+    tokens = metric(router.url, "turnout_batch_tokens_total", {"kind": "completion"}, required=True)
     batch = submit(client, [chat_line(i) for i in ids])
     assert batch.status == "in_progress" and batch.request_counts is not None
     assert batch.request_counts.total == 30
@@ -111,15 +113,12 @@ def test_a_batch_runs_on_the_batch_pool(
     replayed = run_replay(str(job), "--target", router.url, "--out", str(report))
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(report.read_text())["runs"][0]["overall"]["completed"] == 30
-    after = _batch_metric(router, "turnout_batch_lines_total", 'outcome="completed"')
+    after = metric(router.url, "turnout_batch_lines_total", {"outcome": "completed"}, required=True)
     assert after == completed + 30
-    assert _batch_metric(router, "turnout_batch_tokens_total", 'kind="completion"') >= tokens + 30
-
-
-def _batch_metric(router: Process, name: str, labels: str) -> float:
-    found = re.search(rf"^{name}\{{{labels}\}} (\S+)$", get(router.url + "/metrics").text, re.M)
-    assert found is not None, name
-    return float(found[1])
+    assert (
+        metric(router.url, "turnout_batch_tokens_total", {"kind": "completion"}, required=True)
+        >= tokens + 30
+    )
 
 
 def _batch_series(router: Process) -> list[str]:

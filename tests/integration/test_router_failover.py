@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +10,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from router.backends.engines import parse_samples
-from tests.procs import Process, start_emulator, wait_for
+from tests.procs import Process, metric, metric_in, start_emulator, wait_for
 from tests.router.harness import base_config, client_for, get, post, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
@@ -24,11 +22,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def metric(text: str, pattern: str) -> float:
-    m = re.search(pattern + r" ([0-9.e+-]+)", text)
-    return float(m.group(1)) if m else 0.0
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +54,18 @@ def test_refused_then_503_then_success(good: Process, flaky: Process, tmp_path: 
             assert raw.headers["x-turnout-backend"] == "good"
             assert raw.parse().choices[0].message.content
             text = get(router.url + "/metrics").text
-    assert metric(text, r'turnout_failovers_total\{backend="dead",policy="class-split"\}') == 1
-    assert metric(text, r'turnout_failovers_total\{backend="flaky",policy="class-split"\}') == 1
-    assert metric(text, r'turnout_failovers_total\{backend="good",policy="class-split"\}') == 0
+    assert (
+        metric_in(text, "turnout_failovers_total", {"backend": "dead", "policy": "class-split"})
+        == 1
+    )
+    assert (
+        metric_in(text, "turnout_failovers_total", {"backend": "flaky", "policy": "class-split"})
+        == 1
+    )
+    assert (
+        metric_in(text, "turnout_failovers_total", {"backend": "good", "policy": "class-split"})
+        == 0
+    )
 
 
 def test_dead_at_startup_is_not_ready_at_once(good: Process, tmp_path: Path) -> None:
@@ -81,7 +83,10 @@ def test_dead_at_startup_is_not_ready_at_once(good: Process, tmp_path: Path) -> 
         )
         assert raw.headers["x-turnout-backend"] == "good"
         text = get(router.url + "/metrics").text
-    assert metric(text, r'turnout_failovers_total\{backend="dead",policy="class-split"\}') == 0
+    assert (
+        metric_in(text, "turnout_failovers_total", {"backend": "dead", "policy": "class-split"})
+        == 0
+    )
 
 
 def test_killed_backend_fails_over_and_is_ejected(good: Process, tmp_path: Path) -> None:
@@ -127,7 +132,7 @@ def test_no_healthy_backend_is_not_ready_and_tried_anyway(tmp_path: Path) -> Non
         assert exc.value.status_code == 502
         assert exc.value.response.headers["x-turnout-backend"] == "dead"
         text = get(router.url + "/metrics").text
-    assert metric(text, r'turnout_panic_routing_total\{model="other"\}') == 1
+    assert metric_in(text, r'turnout_panic_routing_total\{model="other"\}') == 1
 
 
 def test_stall_before_headers_times_out_on_each_backend(good: Process, tmp_path: Path) -> None:
@@ -147,12 +152,16 @@ def test_stall_before_headers_times_out_on_each_backend(good: Process, tmp_path:
                 )
             assert exc.value.status_code == 504
             text = get(router.url + "/metrics").text
-            assert metric(text, r'turnout_failovers_total\{backend="a",policy="class-split"\}') == 1
+            assert (
+                metric_in(
+                    text, "turnout_failovers_total", {"backend": "a", "policy": "class-split"}
+                )
+                == 1
+            )
 
 
 def running(emu: Process) -> float:
-    name = "vllm:num_requests_running"
-    return parse_samples(get(emu.url + "/metrics").text, frozenset({name})).get(name, 0.0)
+    return metric(emu.url, "vllm:num_requests_running", required=True)
 
 
 def test_client_disconnect_frees_the_engine_slot(tmp_path: Path) -> None:
