@@ -1,7 +1,7 @@
 """One key's limits through a fleet, and fair shares in one class's queue (issue 29 item 5).
 
     python -m benchmarks.fleet_limits tokens [--seconds 40] [--tpm 60000] [--concurrency 8]
-    python -m benchmarks.fleet_limits fairness [--heavy 24] [--light 40]
+    python -m benchmarks.fleet_limits fairness [--heavy 24] [--light 40] [--workers 1] [--reserve 1]
 
 ``tokens``: two routers of two workers each (real processes) share their limits through a
 redis-server this script starts, in front of one fast upstream (benchmarks/proxy_overhead.py's,
@@ -17,7 +17,8 @@ of one worker (the reference a single bucket gives). A minute is long on a share
 limit over 60.
 
 ``fairness``: one router (``--workers``, default 1) in front of one emulated vLLM replica with
-``max_inflight`` 4, so requests wait in the router's batch queue. A light tenant sends
+``max_inflight`` 4 and ``admission.batch.reserve`` ``--reserve`` (0: no slot kept), so
+requests wait in the router's batch queue. A light tenant sends
 ``--light`` streamed requests, one every 0.25 s, alone, then again while a heavy tenant
 keeps ``--heavy`` batch requests open in a closed loop. Printed: the light tenant's TTFT
 P50/P95 alone and beside the flood, their ratio, and how many of its requests were refused
@@ -235,7 +236,8 @@ def fairness(args: argparse.Namespace) -> None:
                 "policies": {"pinned": {"type": "pinned", "params": {"backend": "vllm"}}},
                 "access_log": {"enabled": False},
                 "require_api_key": True,
-                "admission": {"batch": {"queue_size": 256, "max_wait": 60}},
+                "admission": {"batch": {"queue_size": 256, "max_wait": 60,
+                                        "reserve": args.reserve}},
                 "api_keys": [
                     {"name": "heavy", "sha256": _digest(HEAVY), "class": "batch"},
                     {"name": "light", "sha256": _digest(LIGHT), "class": "batch",
@@ -253,7 +255,7 @@ def fairness(args: argparse.Namespace) -> None:
     print(f"light tenant: {args.light} streamed requests 0.25 s apart; heavy: {args.heavy} "
           f"closed-loop batch requests (400-word prompts, 64 tokens); one vLLM replica "
           f"(time scale {args.time_scale:g}) at max_inflight 4; "
-          f"1 router x {args.workers} workers")  # fmt: skip
+          f"1 router x {args.workers} workers, batch reserve {args.reserve}")  # fmt: skip
     print(f"{'light tenant':22} {'TTFT P50 ms':>12} {'TTFT P95 ms':>12} {'refused':>8}")
     rows = (("alone", alone, refused_alone), ("alone again (A/A)", again, 0),
             ("beside the flood", beside, refused),
@@ -280,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--light", type=int, default=40)
     f.add_argument("--time-scale", type=float, default=2.0)
     f.add_argument("--workers", type=int, default=1)
+    f.add_argument("--reserve", type=int, default=1, help="admission.batch.reserve")
     args = ap.parse_args(argv)
     tokens(args) if args.what == "tokens" else fairness(args)
     return 0

@@ -319,6 +319,11 @@ class ClassAdmission:
     """Requests of the class that may wait for a backend slot; 0: answer 429 at once."""
     max_wait: float = 30.0
     """Seconds a request may wait before it gets 429."""
+    reserve: int = 0
+    """A backend's last free slots that, while tenants share the class, go only to one
+    holding less than its weighted share of the class's slots (router.control.fair)."""
+    active_window: float = 2.0
+    """Seconds a tenant still shares the class after its last request there left."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -382,6 +382,8 @@ def _admission(m: Reader) -> AdmissionSettings:
             classes[cls] = ClassAdmission(
                 queue_size=c.integer("queue_size", d.queue_size),
                 max_wait=c.number("max_wait", d.max_wait, low=0.0),
+                reserve=c.integer("reserve", d.reserve, low=0),
+                active_window=c.number("active_window", d.active_window, low=0.0),
             )
             c.done()
     out = AdmissionSettings(classes=classes, retry_after=m.number("retry_after", 1.0, low=0.0))

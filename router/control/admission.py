@@ -13,6 +13,12 @@ queue, or a wait longer than the class's ``max_wait``, answers 429 with ``Retry-
 lowest band whose place a higher band's request took). With no ``admission`` section the
 queues are empty-sized: saturation answers 429 at once (still with ``Retry-After``).
 
+A class's ``reserve`` keeps a backend's last free slots, while several tenants share the
+class, for a tenant below its weighted share of the class's slots (router.control.fair): a
+tenant over it treats those slots as full, and a slot freed for it wakes the next waiter
+that may take it instead. A request counts as its tenant's from its admission until its
+:class:`Seat` is left (however many hops it takes).
+
 The queues themselves (:class:`WaitQueues`) hold no clock and no event loop, so ``replay
 simulate`` runs the same queues, limits and refusals on its virtual clock.
 """
@@ -22,12 +28,22 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Generic, TypeVar
 
 from policies.types import REQUEST_CLASSES, RequestClass
 from router.config.model import AdmissionSettings
-from router.control.fair import NOBODY, FairQueue, Ledger, LocalLedger, Share
+from router.control.fair import (
+    NOBODY,
+    FairQueue,
+    Holding,
+    Ledger,
+    LocalLedger,
+    Share,
+    below_share,
+)
 from router.control.plan import OnBackend, first_free
 from router.server.errors import RouterError
 
@@ -55,6 +71,15 @@ class QueueRejected(RouterError):
         self.reason = reason
 
 
+@dataclass(slots=True)
+class Seat:
+    """A request's place among what its tenant holds in its class: taken at its first
+    admission, left once when it finishes (:meth:`Admission.leave`)."""
+
+    cls: RequestClass | None = None
+    share: Share = NOBODY
+
+
 class WaitQueues(Generic[W]):
     """Per-class fair queues of waiters ``W`` (router.control.fair), and when one may (go on)
     wait(ing); no clock, no I/O: the router's :class:`Admission` and the simulator each bring
@@ -62,7 +87,7 @@ class WaitQueues(Generic[W]):
 
     def __init__(self, settings: AdmissionSettings, ledger: Ledger | None = None) -> None:
         self.settings = settings
-        ledger = ledger if ledger is not None else LocalLedger()
+        self._ledger = ledger = ledger if ledger is not None else LocalLedger()
         self._queues: dict[RequestClass, FairQueue[W]] = {
             cls: FairQueue(cls, ledger) for cls in REQUEST_CLASSES
         }
@@ -113,9 +138,47 @@ class WaitQueues(Generic[W]):
                 return waiter
         return None
 
+    def put_back(self, waiter: W) -> None:
+        """Queue a waiter :meth:`pop` took out again, with its turn (it was passed over)."""
+        for queue in self._queues.values():
+            if queue.put_back(waiter):
+                return
+
     def served(self, cls: RequestClass, share: Share, prompt: int, output: int) -> None:
         """A request of ``share`` in ``cls`` was admitted: count it (router.control.fair)."""
         self._queues[cls].served(share, prompt, output)
+
+    def room(
+        self, cls: RequestClass, options: Sequence[OnBackend], share: Share, now: float
+    ) -> int | None:
+        """The index of the first of ``options`` whose backend has room for a request of
+        ``share`` in ``cls`` at ``now``: below its ``max_inflight``, and, within its last
+        ``reserve`` free slots, only if ``share``'s tenant is below its share (see the
+        module); None when none has."""
+        limits = self.settings.for_class(cls)
+        if limits.reserve == 0:
+            return first_free(options)
+        mine = None
+        for i, option in enumerate(options):
+            backend = option.backend
+            cap = backend.spec.max_inflight
+            free = 1 if cap is None else cap - backend.inflight
+            if free <= 0:
+                continue
+            if cap is None or free > limits.reserve:
+                return i
+            if mine is None:
+                since = now - limits.active_window
+                mine = self._ledger.holdings((cls, share.tenant), since)
+            held, others = mine
+            if below_share(Holding(share.weight, held), others, free):
+                return i
+        return None
+
+    def hold(self, cls: RequestClass, share: Share, delta: int, now: float) -> None:
+        """``share``'s tenant holds ``delta`` more of ``cls``'s slots (0: it is seen, waiting)."""
+        if self.settings.for_class(cls).reserve:
+            self._ledger.hold((cls, share.tenant), share.weight, delta, now)
 
     def shed(self, cls: RequestClass, band: int) -> W | None:
         """A waiter of a band below ``band`` taken out of the full queue of ``cls`` for a
@@ -137,6 +200,9 @@ class Admission:
         self.queues: WaitQueues[asyncio.Future[None]] = WaitQueues(settings, ledger)
         self._poll = poll
         self._poller: asyncio.Task[None] | None = None
+        # A seated waiter's look at its own options (WaitQueues.room, bound to them): a
+        # release passes over one that would find none.
+        self._rooms: dict[asyncio.Future[None], Callable[[float], int | None]] = {}
 
     async def _polling(self, every: float) -> None:
         while any(self.queues.waiting(cls) for cls in REQUEST_CLASSES):
@@ -149,11 +215,18 @@ class Admission:
         return self.queues.waiting(cls)
 
     async def take(
-        self, cls: RequestClass, options: list[T], share: Share = NOBODY, cost: Cost = (0, 0)
+        self,
+        cls: RequestClass,
+        options: list[T],
+        share: Share = NOBODY,
+        cost: Cost = (0, 0),
+        seat: Seat | None = None,
     ) -> T:
         """The first of ``options`` whose backend has room, taken out of the list; while none
         has, wait in ``cls``'s queue as ``share`` (see the module). ``cost``: the request's
-        prompt tokens and output budget, its service once admitted.
+        prompt tokens and output budget, its service once admitted. ``seat``: the request's
+        place among its tenant's (taken here, if not yet; without one, a further hop of a
+        request already seated, the reserve does not apply).
 
         Raises :class:`QueueRejected` when the queue is full or the wait runs out, or when
         the request, waiting in the lowest band, is shed for one of a higher band.
@@ -162,11 +235,14 @@ class Admission:
         since: float | None = None
         front = False
         while True:
-            i = first_free(options)
+            now = time.monotonic()
+            i = queues.room(cls, options, share, now) if seat is not None else first_free(options)
             if i is not None:
                 queues.served(cls, share, *cost)
+                if seat is not None and seat.cls is None:
+                    seat.cls, seat.share = cls, share
+                    queues.hold(cls, share, 1, now)
                 return options.pop(i)
-            now = time.monotonic()
             since = now if since is None else since
             refusal = queues.refusal(cls, since, now, front=front)
             if refusal is not None and refusal.reason == "queue_full":
@@ -179,6 +255,9 @@ class Admission:
                 raise refusal
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             queues.put(cls, waiter, share, front=front)
+            queues.hold(cls, share, 0, now)  # seen: it shares the class while it waits
+            if seat is not None:
+                self._rooms[waiter] = partial(queues.room, cls, options, share)
             if self._poll is not None and self._poller is None:
                 self._poller = asyncio.create_task(self._polling(self._poll))
             try:
@@ -194,14 +273,32 @@ class Admission:
                 if not waiter.done():
                     waiter.cancel()
                 queues.discard(cls, waiter)
+                self._rooms.pop(waiter, None)
             front = True
 
+    def leave(self, seat: Seat) -> None:
+        """The request of ``seat`` is over: its tenant holds one slot fewer (if it was
+        admitted), and a waiter may take the slot."""
+        if seat.cls is not None:
+            self.queues.hold(seat.cls, seat.share, -1, time.monotonic())
+            seat.cls = None
+        self.release()
+
     def release(self) -> None:
-        """A backend slot may have freed up: wake the first waiter, interactive first."""
+        """A backend slot may have freed up: wake the first waiter (interactive first) that
+        may take it; those passed over (a reserved slot is not theirs) keep their turn."""
+        passed: list[asyncio.Future[None]] = []
+        now = time.monotonic()
         while (waiter := self.queues.pop()) is not None:
-            if not waiter.done():
+            if waiter.done():
+                continue
+            room = self._rooms.get(waiter)
+            if room is None or room(now) is not None:
                 waiter.set_result(None)
-                return
+                break
+            passed.append(waiter)
+        for waiter in reversed(passed):
+            self.queues.put_back(waiter)
 
 
 def _loop_time(deadline: float) -> float:

@@ -13,6 +13,13 @@ has its counter lifted to the smallest counter among those already waiting (to t
 served one's when none is), so credit is not saved up while idle: a tenant back after an
 hour does not get an hour's worth of requests ahead of everyone.
 
+While tenants share a class, a backend's last ``reserve`` free slots (the class's
+``admission`` setting) go only to a tenant holding fewer of the class's requests in flight
+than its weighted share (:func:`below_share`), so a light tenant arriving beside a flood finds
+a slot free rather than waiting for one of the flood's to end. A tenant counts as sharing the
+class while it has a request in flight or waiting there, and for ``active_window`` seconds
+after; alone, a tenant may take every slot.
+
 The lowest band is sheddable: when a class's queue is full, a request of a higher band takes
 the place of the youngest waiter of the lowest band waiting, which is refused (429 with
 ``X-Turnout-Refused: shed``), rather than being refused itself.
@@ -24,7 +31,7 @@ own or one the router's workers share (router.control.fair_shared).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -49,6 +56,25 @@ class Share:
 NOBODY = Share()
 
 
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A tenant's weight and its requests in flight in a class (router-wide)."""
+
+    weight: float
+    held: int
+
+
+def below_share(me: Holding, others: Iterable[Holding], free: int) -> bool:
+    """Whether a tenant holding ``me`` may take one of a backend's last reserved slots (it has
+    ``free`` left), beside the ``others`` sharing the class: it holds fewer than its weighted
+    share of the slots the class holds plus those free. Alone, it always may."""
+    weights, slots = me.weight, me.held + free
+    for other in others:
+        weights += other.weight
+        slots += other.held
+    return me.held < slots * me.weight / weights
+
+
 class Ledger(Protocol):
     """Each tenant's counter, per class (``key`` is ``(class, tenant)``)."""
 
@@ -67,12 +93,22 @@ class Ledger(Protocol):
         than ``bound`` wait in the router; False: the queue is full. Checking and holding are
         one step, so two workers cannot both take the last place."""
 
+    def hold(self, key: tuple[str, str | None], weight: float, delta: int, now: float) -> None:
+        """The tenant of ``key`` (of ``weight``) has ``delta`` more requests in flight in the
+        class, or begins to wait there (``delta`` 0), at ``now``."""
+
+    def holdings(self, key: tuple[str, str | None], since: float) -> tuple[int, list[Holding]]:
+        """The requests ``key``'s tenant has in flight in the class, and the others sharing
+        it: holding some, or seen at ``since`` or later."""
+
 
 class LocalLedger:
     """Counters in this process's memory (bounded by the configured keys: one per tenant)."""
 
     def __init__(self) -> None:
         self._counters: dict[tuple[str, str | None], float] = {}
+        # per class, tenant -> [weight, last seen, in flight]
+        self._held: dict[str, dict[str | None, list[float]]] = {}
 
     def get(self, key: tuple[str, str | None]) -> float:
         return self._counters.get(key, 0.0)
@@ -90,6 +126,21 @@ class LocalLedger:
     def join(self, cls: str, own: int, bound: int) -> bool:
         return own < bound
 
+    def hold(self, key: tuple[str, str | None], weight: float, delta: int, now: float) -> None:
+        cls, tenant = key
+        row = self._held.setdefault(cls, {}).setdefault(tenant, [weight, now, 0.0])
+        row[0], row[1], row[2] = weight, now, row[2] + delta
+
+    def holdings(self, key: tuple[str, str | None], since: float) -> tuple[int, list[Holding]]:
+        cls, me = key
+        held, others = 0, []
+        for tenant, (weight, seen, count) in self._held.get(cls, {}).items():
+            if tenant == me:
+                held = int(count)
+            elif count > 0 or seen >= since:
+                others.append(Holding(weight, int(count)))
+        return held, others
+
 
 class FairQueue(Generic[W]):
     """One class's waiters, by band, then least served tenant, then arrival."""
@@ -101,7 +152,7 @@ class FairQueue(Generic[W]):
         self._where: dict[W, Share] = {}
         # Taken out by pop() to look for room, and not yet put back or gone: still waiting
         # for the router's count, or another worker could fill its place meanwhile.
-        self._woken: set[W] = set()
+        self._woken: dict[W, Share] = {}
         self._last = 0.0  # the counter of the tenant served last
 
     def __len__(self) -> int:
@@ -125,7 +176,7 @@ class FairQueue(Generic[W]):
     def put(self, waiter: W, share: Share = NOBODY, *, front: bool = False) -> None:
         """Queue ``waiter``: after its tenant's others, or before them (a waiter woken for
         nothing keeps its turn)."""
-        self._woken.discard(waiter)
+        self._woken.pop(waiter, None)
         tenants = self._bands.setdefault(share.band, {})
         own = tenants.get(share.tenant)
         if own is None:  # starts waiting: no credit saved up meanwhile
@@ -137,8 +188,7 @@ class FairQueue(Generic[W]):
         self._ledger.queued(self._cls, self._count())
 
     def discard(self, waiter: W) -> None:
-        woken = waiter in self._woken
-        self._woken.discard(waiter)
+        woken = self._woken.pop(waiter, None) is not None
         share = self._where.pop(waiter, None)
         if share is None:
             if woken:
@@ -164,10 +214,20 @@ class FairQueue(Generic[W]):
         tenant = min(tenants, key=lambda t: ledger.get((cls, t)))
         waiter = tenants[tenant][0]
         self._last = ledger.get((cls, tenant))
+        share = self._where[waiter]
         self.discard(waiter)
-        self._woken.add(waiter)  # counted until put back or discarded
+        self._woken[waiter] = share  # counted until put back or discarded
         self._ledger.queued(cls, self._count())
         return waiter
+
+    def put_back(self, waiter: W) -> bool:
+        """Queue a waiter :meth:`pop` took out again, at the head of its tenant's line, as
+        it was; False if it was not taken out."""
+        share = self._woken.get(waiter)
+        if share is None:
+            return False
+        self.put(waiter, share, front=True)
+        return True
 
     def served(self, share: Share, prompt_tokens: int, output_tokens: int) -> None:
         """A request of ``share`` was admitted (waited or not): count its service."""

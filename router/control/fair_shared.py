@@ -9,6 +9,12 @@ router.control.quota takes). So a tenant served by one worker is the less favour
 them, and a class's ``queue_size`` bounds what waits in all of them together. A worker that
 dies has its waiting counts zeroed by the parent (:meth:`SharedFairness.clear`); its service
 counts stay, as service given.
+
+What each tenant holds in a class (for the reserved slots, router.control.fair.below_share)
+is a second table: per class, up to :data:`TENANTS` rows, claimed in order under the lock so
+that the rows in use are the first ones, each ``[key, weight, last seen, in flight per
+worker...]``. Reading who shares a class reads those rows; a tenant past a full table counts
+in this worker alone. A dead worker's in-flight columns are zeroed with its waiting counts.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ import mmap
 import os
 
 from policies.types import REQUEST_CLASSES
-from router.control.fair import LocalLedger
-from router.control.quota import RecordLock, claim_row
+from router.control.fair import Holding, LocalLedger
+from router.control.quota import RecordLock, claim_row, row_key
 
 log = logging.getLogger("router")
 
 ROWS = 4096
+TENANTS = 256
+"""Tenants a class's in-flight table holds (keys beyond it count per worker)."""
 _QUEUED = "\0queued"
+_KEY, _WEIGHT, _SEEN, _HELD = 0, 1, 2, 3
 
 
 def _name(key: tuple[str, str | None]) -> str:
@@ -43,21 +52,93 @@ class SharedFairness:
         os.ftruncate(self._fd, size)
         self._mem = mmap.mmap(self._fd, size)
         self._words = memoryview(self._mem).cast("d")
+        held = len(REQUEST_CLASSES) * TENANTS * (_HELD + workers) * 8
+        self._held_fd = os.memfd_create("turnout-held", os.MFD_CLOEXEC)
+        os.ftruncate(self._held_fd, held)
+        self._held_mem = mmap.mmap(self._held_fd, held)
+        self._held = memoryview(self._held_mem).cast("d")
 
     def ledger(self, worker: int) -> SharedLedger:
         if not 0 <= worker < self.workers:
             raise ValueError(f"worker {worker} of {self.workers}")
-        return SharedLedger(self._words, self._width, worker, RecordLock(self._fd))
+        lock = RecordLock(self._fd)
+        held = HeldTable(self._held, self.workers, worker, RecordLock(self._held_fd))
+        return SharedLedger(self._words, self._width, worker, lock, held)
 
     def clear(self, worker: int) -> None:
-        """Zero worker ``worker``'s waiting counts (it died, and its waiters with it)."""
-        self.ledger(worker).clear_queued()
+        """Zero worker ``worker``'s waiting and in-flight counts (it died, and its requests
+        with it)."""
+        ledger = self.ledger(worker)
+        ledger.clear_queued()
+        ledger.held.clear()
+
+
+class HeldTable:
+    """One worker's handle on what tenants hold in each class (see the module)."""
+
+    def __init__(self, words: memoryview[float], workers: int, worker: int, lock: RecordLock):
+        self._words = words
+        self._width = _HELD + workers
+        self._worker = worker
+        self._lock = lock
+        self._rows: dict[tuple[str, str | None], int] = {}
+        self._alone = LocalLedger()
+
+    def _base(self, cls: str) -> int:
+        return REQUEST_CLASSES.index(cls) * TENANTS * self._width
+
+    def _row(self, key: tuple[str, str | None]) -> int | None:
+        at = self._rows.get(key)
+        if at is not None:
+            return at
+        mark, words, width = row_key(f"{key[0]}\0{key[1]}"), self._words, self._width
+        base = self._base(key[0])
+        with self._lock:
+            for i in range(TENANTS):
+                at = base + i * width
+                if words[at + _KEY] in (mark, 0.0):
+                    words[at + _KEY] = mark
+                    self._rows[key] = at
+                    return at
+        return None  # full: this tenant counts in this worker alone
+
+    def hold(self, key: tuple[str, str | None], weight: float, delta: int, now: float) -> None:
+        at = self._row(key)
+        if at is None:
+            self._alone.hold(key, weight, delta, now)
+            return
+        words = self._words
+        words[at + _WEIGHT], words[at + _SEEN] = weight, now
+        words[at + _HELD + self._worker] += delta
+
+    def holdings(self, key: tuple[str, str | None], since: float) -> tuple[int, list[Holding]]:
+        at = self._row(key)
+        if at is None:
+            return self._alone.holdings(key, since)
+        words, width, held, others = self._words, self._width, 0, []
+        base = self._base(key[0])
+        for row in range(base, base + TENANTS * width, width):
+            if words[row + _KEY] == 0.0:
+                break  # rows are claimed in order: the rest are free
+            count = int(sum(words[row + _HELD : row + width]))
+            if row == at:
+                held = count
+            elif count > 0 or words[row + _SEEN] >= since:
+                others.append(Holding(words[row + _WEIGHT], count))
+        return held, others
+
+    def clear(self) -> None:
+        for row in range(0, len(self._words), self._width):
+            self._words[row + _HELD + self._worker] = 0.0
 
 
 class SharedLedger:
     """One worker's handle: a :class:`router.control.fair.Ledger` over every worker's."""
 
-    def __init__(self, words: memoryview[float], width: int, worker: int, lock: RecordLock) -> None:
+    def __init__(
+        self, words: memoryview[float], width: int, worker: int, lock: RecordLock, held: HeldTable
+    ) -> None:
+        self.held = held
         self._words = words
         self._width = width
         self._worker = worker
@@ -110,6 +191,12 @@ class SharedLedger:
                 return False
             words[mine] = float(own + 1)
         return True
+
+    def hold(self, key: tuple[str, str | None], weight: float, delta: int, now: float) -> None:
+        self.held.hold(key, weight, delta, now)
+
+    def holdings(self, key: tuple[str, str | None], since: float) -> tuple[int, list[Holding]]:
+        return self.held.holdings(key, since)
 
     def clear_queued(self) -> None:
         for cls in REQUEST_CLASSES:

@@ -17,6 +17,7 @@ from functools import partial
 from policies.base import reads_prefix
 from policies.pd import PdPolicy
 from policies.types import Endpoint
+from router.control.admission import Seat
 from router.control.auth import QuotaHold, Tenant
 from router.control.classify import classify
 from router.control.fair import NOBODY
@@ -69,6 +70,7 @@ async def handle(
     opened: Opened | None = None
     hold: QuotaHold | None = None
     ticket: Ticket | None = None
+    seat = Seat()
     try:
         ticket = state.drain.enter()
         tenant = run_as.tenant if run_as is not None else snap.gate.identify(headers)
@@ -107,14 +109,14 @@ async def handle(
             state.shadows.mirror(policy.name, parsed, ex.body, PATHS, state.session, snap.policies)
             ex.sent, ex.hops = True, Hops()
             two = TwoHop(state, policy, parsed, ex.body, PATHS[endpoint], add_usage, headers,
-                         timeouts, config.failover, on_failover, trace, share)  # fmt: skip
+                         timeouts, config.failover, on_failover, trace, share, seat)  # fmt: skip
             opened = await open_two_hop(two, ex.hops)
         else:
             t = time.monotonic()
             planned = plan_timed(state, policy, info, config.failover.max_attempts)
             targets = with_bodies(planned, parsed, ex.body, PATHS[endpoint], add_usage, share.band)
             cost = (info.prompt_tokens, info.expected_output_tokens)
-            first = await state.admission.take(info.request_class, targets, share, cost)
+            first = await state.admission.take(info.request_class, targets, share, cost, seat)
             policy.committed(info, planned.decision, first.backend.name)
             if state.placement is not None:
                 state.placement.placed(policy, first.backend.name, info.prefix_blocks)
@@ -212,7 +214,7 @@ async def handle(
             # slot at once (a client that went away mid-stream).
             state.connections.release(opened.conn)
             opened.lease.release()
-        state.admission.release()  # a slot may have freed up (here or in a failed attempt)
+        state.admission.leave(seat)  # a slot may have freed up (here or in a failed attempt)
         if hold is not None:
             hold.release(ex.settlement(hold.charged, opened.head.status if opened else None))
         ex.finish(state, snap)

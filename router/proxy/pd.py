@@ -37,6 +37,7 @@ import orjson
 from policies.pd import PdPolicy, PhasePlan
 from policies.types import Decision, Endpoint, Outcome
 from router.config.model import ClassTimeouts, FailoverSettings
+from router.control.admission import Seat
 from router.control.classify import Parsed
 from router.control.fair import Share
 from router.control.plan import Attempt, Plan, Refusal, plan
@@ -95,13 +96,16 @@ class TwoHop:
     trace: RequestTrace
     share: Share
     """The caller's place in the admission queues (router.control.fair)."""
+    seat: Seat
+    """Its place among its tenant's slots, taken by its first hop (the caller leaves it)."""
 
     async def take(self, targets: list[Target]) -> Target:
         """The first of ``targets`` with room, waiting in the admission queue as the
         one-hop path does."""
         info = self.parsed.info
         cost = (info.prompt_tokens, info.expected_output_tokens)
-        return await self.state.admission.take(info.request_class, targets, self.share, cost)
+        admission = self.state.admission
+        return await admission.take(info.request_class, targets, self.share, cost, self.seat)
 
 
 def prefill_body(doc: Mapping[str, Any], model: str, endpoint: Endpoint) -> bytes:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from router.control.fair import FairQueue, LocalLedger, Share, engine_priority
-from router.control.fair_shared import SharedFairness
+from router.control.fair import (
+    FairQueue,
+    Holding,
+    LocalLedger,
+    Share,
+    below_share,
+    engine_priority,
+)
+from router.control.fair_shared import TENANTS, SharedFairness
 
 HEAVY, LIGHT = Share("heavy"), Share("light")
 
@@ -146,3 +153,51 @@ def test_a_woken_waiter_keeps_its_place_until_it_is_put_back_or_gone() -> None:
     assert a.pop() == "w"
     a.discard("w")  # room found: it leaves, and the place is free
     assert b.reserve(1)
+
+
+def test_a_reserved_slot_goes_to_a_tenant_below_its_weighted_share() -> None:
+    light, heavy = Holding(1.0, 0), Holding(1.0, 3)
+    assert below_share(light, [heavy], free=1)  # 0 of 4 slots, its share 2
+    assert not below_share(heavy, [light], free=1)  # 3 of 4: over its share
+    assert below_share(heavy, [], free=1)  # alone: every slot is its own
+    # Two floods: the one behind takes the slot, not the one ahead (2 of 4 each).
+    assert below_share(Holding(1.0, 1), [Holding(1.0, 2)], free=1)
+    assert not below_share(Holding(1.0, 2), [Holding(1.0, 1)], free=1)
+    # Weight 3 against 1: a share of 3 of 4 slots.
+    assert below_share(Holding(3.0, 2), [Holding(1.0, 1)], free=1)
+    assert not below_share(Holding(1.0, 1), [Holding(3.0, 2)], free=1)
+
+
+def test_who_shares_a_class_is_in_flight_or_seen_lately() -> None:
+    ledger = LocalLedger()
+    ledger.hold(("batch", "heavy"), 1.0, 1, now=100.0)
+    ledger.hold(("batch", "light"), 2.0, 1, now=100.0)
+    ledger.hold(("batch", "light"), 2.0, -1, now=101.0)
+    ledger.hold(("interactive", "other"), 1.0, 1, now=101.0)  # another class's
+    assert ledger.holdings(("batch", "heavy"), since=100.5) == (1, [Holding(2.0, 0)])
+    assert ledger.holdings(("batch", "heavy"), since=102.0) == (1, [])  # light gone idle
+    assert ledger.holdings(("batch", "light"), since=102.0) == (0, [Holding(1.0, 1)])
+
+
+def test_the_workers_of_a_router_share_what_each_tenant_holds() -> None:
+    shared = SharedFairness(2)
+    one, two = shared.ledger(0), shared.ledger(1)
+    one.hold(("batch", "heavy"), 1.0, 2, now=10.0)
+    two.hold(("batch", "heavy"), 1.0, 1, now=10.0)  # the same tenant through worker 1
+    two.hold(("batch", "light"), 1.0, 0, now=10.0)  # seen waiting, holding none
+    assert one.holdings(("batch", "light"), since=5.0) == (0, [Holding(1.0, 3)])
+    assert two.holdings(("batch", "heavy"), since=5.0) == (3, [Holding(1.0, 0)])
+    assert two.holdings(("interactive", "heavy"), since=5.0) == (0, [])
+    shared.clear(0)  # worker 0 died with its requests
+    assert two.holdings(("batch", "heavy"), since=50.0) == (1, [])
+
+
+def test_tenants_past_the_shared_table_count_in_their_worker_alone() -> None:
+    shared = SharedFairness(2)
+    one, two = shared.ledger(0), shared.ledger(1)
+    for i in range(TENANTS):
+        one.hold(("batch", f"t{i}"), 1.0, 1, now=1.0)
+    one.hold(("batch", "late"), 1.0, 1, now=1.0)
+    assert one.holdings(("batch", "late"), since=0.0)[0] == 1
+    assert two.holdings(("batch", "late"), since=0.0)[0] == 0  # not in the table
+    assert len(two.holdings(("batch", "t0"), since=0.0)[1]) == TENANTS - 1
