@@ -21,7 +21,10 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from emulator.rank import Sequence
+from replay.simulate.prompts import Piece
 from replay.simulate.requests import Refused, Routed
+from replay.simulate.world import Backend
 from router.backends.pool import BackendLease
 from router.config.model import RouterConfig
 from router.control.admission import WaitQueues
@@ -53,6 +56,29 @@ class Waiter:
     """Leases of attempts that timed out, blamed if another backend answers."""
     waiting: bool = False
     """In an admission queue (a deadline queued for it is void otherwise)."""
+
+
+@dataclass(slots=True, eq=False)
+class Flight:
+    """One attempt of a request in an engine."""
+
+    waiter: Waiter
+    seq: Sequence
+    backend: Backend
+    lease: BackendLease
+    finish: str
+    reply: Piece = (0, 0)
+    first: float | None = None
+    chunks: int = 0
+
+    @property
+    def routed(self) -> Routed:
+        return self.waiter.routed
+
+    @property
+    def sent(self) -> float:
+        """When the request arrived: its times count from there, waits included."""
+        return self.waiter.arrived
 
 
 Launch = Callable[[Waiter, Attempt, float], None]

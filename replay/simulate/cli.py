@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -95,6 +96,22 @@ def _window_of(items: Iterator[Planned], lo: float, hi: float | None) -> Iterato
     for p in items:
         if p.at >= lo and (hi is None or p.at < hi):
             yield p
+
+
+def _meta(
+    sim: Simulation, setting: Setting, virtual: float, cpu: float, wall: float
+) -> dict[str, Any]:
+    """A run's ``simulation`` entry: its cost, and what the tail defences did (if any)."""
+    out: dict[str, Any] = {
+        "setting": {k: v for k, v in setting},
+        "virtual_seconds": round(virtual, 3),
+        "cpu_seconds": round(cpu, 3),
+        "wall_seconds": round(wall, 3),
+        "events": sim.events,
+    }
+    if sim.world.config.tail:
+        out["tail"] = dataclasses.asdict(sim.tails.counts)
+    return out
 
 
 class Simulator:
@@ -185,15 +202,7 @@ class Simulator:
             self._skipped(sources[-1])
         for report, (sim, virtual, cpu) in zip(reports, done, strict=True):
             self.runs.append(report)
-            self.meta.append(
-                {
-                    "setting": {k: v for k, v in setting},
-                    "virtual_seconds": round(virtual, 3),
-                    "cpu_seconds": round(cpu, 3),
-                    "wall_seconds": round(time.perf_counter() - wall, 3),
-                    "events": sim.events,
-                }
-            )
+            self.meta.append(_meta(sim, setting, virtual, cpu, time.perf_counter() - wall))
 
     def run_one(
         self, config: RouterConfig, policy: str, setting: Setting, results: IO[bytes] | None
@@ -217,15 +226,8 @@ class Simulator:
         cpu, wall = time.process_time(), time.perf_counter()
         end = sim.run(plan, start=self.lo)
         self.runs.append(report)
-        self.meta.append(
-            {
-                "setting": {k: v for k, v in setting},
-                "virtual_seconds": round(end - self.lo, 3),
-                "cpu_seconds": round(time.process_time() - cpu, 3),
-                "wall_seconds": round(time.perf_counter() - wall, 3),
-                "events": sim.events,
-            }
-        )
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        self.meta.append(_meta(sim, setting, end - self.lo, cpu, wall))
         if len(self.runs) == 1:
             self._skipped(source)
 
@@ -316,5 +318,12 @@ def main(argv: list[str]) -> int:
             f"simulated {run['policy']}: {m['virtual_seconds']:.1f} s of traffic in "
             f"{m['cpu_seconds']:.2f} s CPU ({speedup:,.0f}x real time, {m['events']} events)"
         )
+        if "tail" in m:
+            t = m["tail"]
+            print(
+                f"  tail: {t['hedges']} hedges ({t['hedges_won']} won, {t['cancelled']} "
+                f"attempts cancelled, {t['wasted_tokens']} tokens wasted), {t['missed']} "
+                f"missed first-token deadlines, {t['extra']} extra requests"
+            )
     write_outputs(report, a.out, a.html, extra=render_pareto(report))
     return exit_status("replay simulate", report)

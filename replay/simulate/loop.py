@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from emulator.rank import Sequence
 from policies.base import Policy, reads_prefix
@@ -38,55 +35,19 @@ from policies.pd import PdPolicy, PhasePlan
 from policies.types import Outcome
 from replay.client import Result
 from replay.plan import Planned
-from replay.sessions import Turn
-from replay.simulate.attempts import Attempts, Waiter
+from replay.simulate.attempts import Attempts, Flight, Waiter
+from replay.simulate.conversations import Conversations, sim_turn
 from replay.simulate.handoff import prefill_engine, pull
-from replay.simulate.prompts import Piece, Prompts
-from replay.simulate.requests import Refused, Routed, SimTurn, engine_sequence, understand
+from replay.simulate.prompts import Prompts
+from replay.simulate.requests import Refused, Routed, engine_sequence, understand
+from replay.simulate.tail import Tails
 from replay.simulate.world import Backend, World
 from replay.sources import Item
-from router.backends.pool import BackendLease
 from router.control.plan import Attempt, Refusal, plan
 from turnout.common.figures import first_token, per_token
 
-SESSIONS = 100_000
-"""Conversations remembered at once (the least recently continued idle one goes first)."""
 OnResult = Callable[[Item, Result, float], None]
 """Called with each answered or failed request, its result and its send time (seconds)."""
-
-
-@dataclass(slots=True, eq=False)
-class Flight:
-    """One attempt of a request in an engine."""
-
-    waiter: Waiter
-    seq: Sequence
-    backend: Backend
-    lease: BackendLease
-    finish: str
-    reply: Piece = (0, 0)
-    first: float | None = None
-    chunks: int = 0
-
-    @property
-    def routed(self) -> Routed:
-        return self.waiter.routed
-
-    @property
-    def sent(self) -> float:
-        """When the request arrived: its times count from there, waits included."""
-        return self.waiter.arrived
-
-
-@dataclass(slots=True)
-class Session:
-    """A conversation in simulate: its last turn, and turns waiting for its answer."""
-
-    busy: bool = False
-    """A turn is in flight or scheduled: later turns wait."""
-    last: SimTurn | None = None
-    ended: float = 0.0
-    waiting: deque[Planned] = field(default_factory=deque)
 
 
 class Simulation:
@@ -111,13 +72,13 @@ class Simulation:
         self.label = label
         self.on_result = on_result
         self.flights: dict[Sequence, Flight] = {}
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self._ready: list[tuple[float, int, Planned]] = []  # turns due after an answer
-        self._queued = 0  # turns waiting for an answer: engines then run step by step
+        self._talks = Conversations()
         self._prefills: dict[Sequence, Attempt] = {}  # pd prefill hops: their decode attempt
         self._pulls: dict[Waiter, tuple[Backend, Sequence] | None] = {}  # prefill hop ended
         self.router = Attempts(world.config, self._launch, self._refuse)
         """Admission, failover and timeouts, on the virtual clock."""
+        self.tails = Tails(world.config, self.router, self._copy, self._cut, self._arm)
+        """First-token deadlines and hedges of the classes with ``tail`` settings."""
         self._model = world.model()
         self.events = 0
         """Router moments (arrivals and scrapes) simulated."""
@@ -127,7 +88,7 @@ class Simulation:
     def follow(self, planned: Planned) -> None:
         """Schedule a closed-loop source's next request (from ``on_result``, at or after the
         answer's time; needs ``closed_loop=True`` so engines run one event at a time)."""
-        heapq.heappush(self._ready, (planned.at, planned.item.row, planned))
+        self._talks.follow(planned)
 
     def run(self, plan: Iterable[Planned], *, start: float = 0.0) -> float:
         """Serve the whole schedule and every answer; returns the virtual end time.
@@ -141,7 +102,7 @@ class Simulation:
         world.now = start
         arrivals = iter(plan)
         nxt = next(arrivals, None)
-        ready = self._ready
+        ready = self._talks.ready
         router = self.router
         while nxt is not None or self.flights or ready or router.next_timer() is not None:
             t_plan = nxt.at if nxt is not None else math.inf
@@ -175,10 +136,12 @@ class Simulation:
         may let a turn go before ``until``); returns whether the engines reached ``until``.
         """
         ended: list[tuple[float, int, Flight, Sequence]] = []
+        firsts: list[tuple[float, int, Flight]] = []
         flights = self.flights
         target = until
         # an answer may release a turn or a waiting request before then
-        if self._queued or self._closed_loop or self.router.waiting or self._prefills:
+        busy = self.router.waiting or self._prefills or self.tails.racing
+        if self._talks.queued or self._closed_loop or busy:
             due = [b.deadline for b in self.world.backends if b.deadline is not None]
             until = min([until, *due])
         for b in self.world.backends:
@@ -191,13 +154,20 @@ class Simulation:
                 if f.first is None and seq.first_token_at is not None:
                     f.first = seq.first_token_at / scale
                     f.lease.prefilled()
+                    firsts.append((f.first, seq.key, f))
                 f.chunks += len(seq.chunks)
                 seq.chunks.clear()
                 if seq.finished_at is not None:
                     ended.append((seq.finished_at / scale, seq.key, f, seq))
             b.refresh()
+        firsts.sort(key=lambda e: (e[0], e[1]))
+        for t, _, f in firsts:  # a held stream's race: the first token wins, the others cut
+            if flights.get(f.seq) is f:
+                self.tails.first(f, t)
         ended.sort(key=lambda e: (e[0], e[1]))
         for t, _, f, seq in ended:
+            if flights.get(seq) is not f:
+                continue  # cut by a race
             del flights[seq]
             self.world.now = t
             decode = self._prefills.pop(seq, None)
@@ -210,20 +180,9 @@ class Simulation:
     def _arrive(self, planned: Planned, now: float, *, ready: bool = False) -> None:
         item, world = planned.item, self.world
         routed: Routed | None = None
-        prev: SimTurn | None = None
-        if item.session is not None:
-            s = self._session(item.session)
-            if not ready and s.busy:  # after the answer in flight (see replay.sessions)
-                s.waiting.append(planned)
-                self._queued += 1
-                return
-            delay = item.delay or 0.0
-            if not ready and s.last is not None and s.ended + delay > now:  # thinking still
-                s.busy = True
-                heapq.heappush(self._ready, (s.ended + delay, item.row, planned))
-                return
-            s.busy = True
-            prev = s.last
+        go, prev = self._talks.begin(planned, now, ready)
+        if not go:
+            return
         try:
             routed = understand(
                 item,
@@ -247,32 +206,54 @@ class Simulation:
         """``w``'s attempt on ``attempt``'s backend: the engine model takes it at ``now``."""
         info, backend = w.routed.info, self.world.by_name[attempt.backend.name]
         hopped = w in self._pulls
-        if not w.failovers and not hopped:  # committed to its first attempt's backend
+        first = not w.failovers and not hopped
+        if first:  # committed to its first attempt's backend
             self.policy.committed(info, w.plan.decision, backend.state.name)
         phases = w.plan.decision.memo
         two_hops = not hopped and isinstance(phases, PhasePlan) and phases.prefill is not None
         if two_hops and isinstance(phases, PhasePlan) and self._prefill(w, attempt, phases, now):
             return
         try:
-            seq, finish, reply = engine_sequence(
-                w.routed,
-                backend.profile,
-                attempt.model,
-                backend.seed,
-                backend.engine.capacity_tokens(),
-                w.plan.priority(backend.state),
-                self.prompts,
-            )
+            f = self._start(w, attempt, now)
         except Refused as e:  # the engine's own error answer
             self._refused(w.routed.item, w.routed, e, now, backend.state.name)
             return
+        # held until its first token: a pd request's hops are not (as router.proxy.pd)
+        if not (first and not two_hops and self.tails.hold(f, now)):
+            self._arm(f, now)
+
+    def _start(self, w: Waiter, attempt: Attempt, now: float) -> Flight:
+        """The engine model of ``attempt``'s backend takes ``w`` at ``now`` (raises
+        :class:`Refused` for the engine's own error answer)."""
+        backend = self.world.by_name[attempt.backend.name]
+        seq, finish, reply = engine_sequence(
+            w.routed,
+            backend.profile,
+            attempt.model,
+            backend.seed,
+            backend.engine.capacity_tokens(),
+            w.plan.priority(backend.state),
+            self.prompts,
+        )
         held = self._pulls.pop(w, None)
         if held is not None:  # the decode hop of a pd request: it pulls the prefill's blocks
             pull(held[0], held[1], backend, seq, now)
-        f = Flight(w, seq, backend, backend.state.lease(info), finish, reply)
+        f = Flight(w, seq, backend, backend.state.lease(w.routed.info), finish, reply)
         self.flights[seq] = f
         backend.engine.submit(seq, now * backend.scale)
         backend.refresh()
+        return f
+
+    def _copy(self, w: Waiter, attempt: Attempt, now: float) -> Flight | None:
+        """A held stream's failover or hedge (None: the engine refused it)."""
+        try:
+            return self._start(w, attempt, now)
+        except Refused:
+            return None
+
+    def _arm(self, f: Flight, now: float) -> None:
+        """``f``'s timeouts from ``now``: a stream's idle bound, an answer's deadline."""
+        info, seq = f.routed.info, f.seq
         timeouts = self.world.config.timeouts_for(info.request_class)
         flying = lambda: self.flights.get(seq) is f  # noqa: E731
         if info.stream and timeouts.idle is not None:
@@ -349,33 +330,8 @@ class Simulation:
         r = Result(item.record.custom_id, cls, e.status, False, None, None, self.label, error=error)
         if routed is not None:  # the router feeds back refusals too (see Exchange.finish)
             self.policy.on_finish(routed.info, backend, Outcome(e.status, False))
-        self._turn_over(item, None, now)
+        self._talks.turn_over(item, None, now)
         self.on_result(item, r, now)
-
-    def _session(self, name: str) -> Session:
-        s = self._sessions.get(name)
-        if s is None:
-            s = self._sessions[name] = Session()
-            if len(self._sessions) > SESSIONS:  # forget the least recently continued idle one
-                idle = next((k for k, v in self._sessions.items() if not v.busy), None)
-                if idle is not None:
-                    del self._sessions[idle]
-        self._sessions.move_to_end(name)
-        return s
-
-    def _turn_over(self, item: Item, last: SimTurn | None, now: float) -> None:
-        """A session's turn ended (``last`` None: it failed): its next turn may go."""
-        if item.session is None:
-            return
-        s = self._session(item.session)
-        s.busy, s.last, s.ended = False, last, now
-        if s.waiting:
-            planned = s.waiting.popleft()
-            self._queued -= 1
-            s.busy = True
-            heapq.heappush(
-                self._ready, (now + (planned.item.delay or 0.0), planned.item.row, planned)
-            )
 
     def _answer(self, f: Flight, seq: Sequence, now: float) -> None:
         info = f.routed.info
@@ -408,16 +364,5 @@ class Simulation:
             finish_reason=f.finish,
         )
         if f.routed.item.session is not None:
-            self._turn_over(f.routed.item, self._sim_turn(f, seq), now)
+            self._talks.turn_over(f.routed.item, sim_turn(f, seq), now)
         self.on_result(f.routed.item, r, f.sent)
-
-    def _sim_turn(self, f: Flight, seq: Sequence) -> SimTurn:
-        routed, n = f.routed, seq.generated
-        messages: tuple[Mapping[str, Any], ...] = ()
-        answer = ""
-        if routed.doc is not None:  # a recorded turn: the next one continues its messages
-            messages = tuple(routed.doc.get("messages") or ())
-            answer = " ".join(f"a{f.reply[0] + i}" for i in range(n))  # a token each, unshared
-        recorded = len(routed.item.record.body.get("messages") or ()) if messages else 0
-        turn = Turn(messages, recorded, seq.prompt_tokens, n, answer)
-        return SimTurn(turn, seq.tokens, (*routed.pieces, f.reply))
