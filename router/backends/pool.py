@@ -368,9 +368,12 @@ class Pool:
             self._sets.clear()
         return backend
 
-    def members(self, name: str) -> list[BackendState]:
-        """The backends a configured name stands for: itself, or its discovered replicas."""
-        return [b for b in self.backends if group_of(b.name) == name]
+    def member(self, name: str) -> BackendState | None:
+        """The first healthy backend a configured name stands for (itself, or one of its
+        discovered replicas), else the first of them; None when there are none. Kept between
+        requests like the candidate sets (shadowing asks on every mirrored request)."""
+        offered = self._sets.group(name, self.backends).backends
+        return offered[0] if offered else None
 
     def _may_eject(self) -> bool:
         """The ejection cap: one more backend may be ejected without passing it."""

@@ -7,6 +7,9 @@ depends on changes: a backend's health, ejection, models, context length or spec
 backends themselves, or the aliases. The pool calls :meth:`ServingSets.clear` on each such
 change (they are rare next to requests), and the next request for a model walks once.
 
+The same is kept per configured backend name, for what shadowing sends to (its replicas: the
+healthy ones, else all of them; :meth:`ServingSets.group`).
+
 One change is not an event: an ejected backend's cooldown running out (its breaker lets a
 probe through from then on). Each kept answer holds the earliest such moment among its
 backends, and is walked again once the clock passes it.
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from policies.candidates import CandidateSet
+from policies.types import group_of
 
 if TYPE_CHECKING:
     from router.backends.pool import BackendState
@@ -60,11 +64,13 @@ class ServingSets:
         self._upstream_model = upstream_model
         self._clock = clock
         self._sets: dict[str | None, Serving] = {}
+        self._groups: dict[str, Serving] = {}
         self._named: frozenset[str] | None = None
 
     def clear(self) -> None:
         """Something a kept answer depends on changed."""
         self._sets.clear()
+        self._groups.clear()
         self._named = None
 
     @property
@@ -85,20 +91,31 @@ class ServingSets:
             found = self._sets[key] = self._find(model, backends)
         return found
 
+    def group(self, name: str, backends: Sequence[BackendState]) -> Serving:
+        """The backends configured name ``name`` stands for (itself, or its discovered
+        replicas: :func:`~policies.types.group_of`), kept like a model's. Only configured
+        names are asked for (shadow targets), so this stays as small as the config."""
+        found = self._groups.get(name)
+        if found is None or found.wake <= self._clock():
+            found = self._groups[name] = _found([b for b in backends if group_of(b.name) == name])
+        return found
+
     def _find(self, model: str, backends: Sequence[BackendState]) -> Serving:
-        serving = [b for b in backends if self._upstream_model(b, model) is not None]
-        healthy = [b for b in serving if b.healthy]
-        panic = not healthy and bool(serving)
-        offered = serving if panic else healthy
-        known = [b.context_tokens for b in serving if b.context_tokens is not None]
-        wake = min(
-            (t for b in serving if (t := b.breaker.reopens_at) is not None), default=math.inf
-        )
-        return Serving(
-            CandidateSet(offered, forced=panic),
-            tuple(offered),
-            len(serving),
-            panic,
-            min(known, default=DEFAULT_CONTEXT_TOKENS),
-            wake,
-        )
+        return _found([b for b in backends if self._upstream_model(b, model) is not None])
+
+
+def _found(serving: Sequence[BackendState]) -> Serving:
+    """The answer for the backends that can serve something (healthy or not)."""
+    healthy = [b for b in serving if b.healthy]
+    panic = not healthy and bool(serving)
+    offered = serving if panic else healthy
+    known = [b.context_tokens for b in serving if b.context_tokens is not None]
+    wake = min((t for b in serving if (t := b.breaker.reopens_at) is not None), default=math.inf)
+    return Serving(
+        CandidateSet(offered, forced=panic),
+        tuple(offered),
+        len(serving),
+        panic,
+        min(known, default=DEFAULT_CONTEXT_TOKENS),
+        wake,
+    )

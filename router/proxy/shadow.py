@@ -102,8 +102,7 @@ class Shadows:
     ) -> BackendState | None:
         if shadow_policy is None:  # a backend (config: exactly one of backend / policy)
             # ...or the first healthy replica discovered behind it; none if it has gone.
-            members = self._pool.members(s.backend) if s.backend is not None else []
-            return next((b for b in members if b.healthy), members[0] if members else None)
+            return self._pool.member(s.backend) if s.backend is not None else None
         candidates = self._pool.candidates(info.model)
         if not candidates:
             return None

@@ -171,9 +171,13 @@ async def test_sets_follow_discovery(tmp_path: Path) -> None:
                 names.addresses = ["127.0.0.1", "127.0.0.2"]
                 await _until(lambda: _offered(state) == (one, two))
                 assert await _served_by(url, 4) == {one, two}
+                shadow = state.pool.member("pool")  # what a shadow to "pool" is sent to
+                assert shadow is not None and shadow.name == one
                 names.addresses = ["127.0.0.2"]
                 await _until(lambda: _offered(state) == (two,))
                 assert await _served_by(url, 2) == {two}
+                shadow = state.pool.member("pool")
+                assert shadow is not None and shadow.name == two
 
 
 Snapshot = Callable[[], Candidate]

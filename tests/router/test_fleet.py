@@ -109,7 +109,7 @@ async def test_reload_keeps_a_replica_unless_what_it_is_changed(tmp_path: Path) 
 
 
 def test_the_pool_treats_replicas_as_their_configured_backend() -> None:
-    """Aliases and shadow targets (members) see a discovered backend's replicas; the
+    """Aliases and shadow targets (member) see a discovered backend's replicas; the
     ejection cap follows the set's size as it changes."""
     group = parse_config(_doc(8000)).backends[0]
     pool = Pool((group,), {"chat": {"pool": "served-name"}}, HealthSettings())
@@ -120,7 +120,7 @@ def test_the_pool_treats_replicas_as_their_configured_backend() -> None:
     assert (one.name, one.spec.url) == ("pool@10.0.0.1", "http://10.0.0.1:8000")
     assert (two.name, two.spec.url) == ("pool@fd00::2", "http://[fd00::2]:8000")
     assert pool.upstream_model(two, "chat") == "served-name"
-    assert pool.members("pool") == [one, two] and pool.members("other") == []
+    assert pool.member("pool") is one and pool.member("other") is None
 
     def fail(backend: BackendState) -> None:
         for _ in range(HealthSettings().failures_to_eject):
@@ -131,8 +131,15 @@ def test_the_pool_treats_replicas_as_their_configured_backend() -> None:
     fail(one)
     fail(two)  # half of two backends may be out: one
     assert one.breaker.ejected and not two.breaker.ejected
+    assert pool.member("pool") is two  # the first healthy replica
     for a in ("10.0.0.3", "10.0.0.4"):
         pool.add(pool.state(replica(group, a)))
     fail(two)  # half of four: two
     assert two.breaker.ejected
-    assert pool.remove(one.name) is one and pool.members("pool")[0] is two
+    assert pool.remove(one.name) is one
+    assert pool.member("pool") is pool.by_name["pool@10.0.0.3"]  # two is still out
+    for backend in pool.backends:
+        backend.probe_result(False, first=True)
+    assert pool.member("pool") is pool.backends[0]  # none healthy: the first, as in panic
+    pool.backends[1].probe_result(True)
+    assert pool.member("pool") is pool.backends[1]
