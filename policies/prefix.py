@@ -232,6 +232,8 @@ class PrefixIndex:
         """The open candidate holding the most of ``req``'s leading blocks (ties: least
         loaded), or None when no open candidate holds any."""
         best: Candidate | None = None
+        if not req.prefix_blocks:
+            return best  # a prompt shorter than a block is held nowhere: no gate to price
         best_key = (0, 0, 0)
         for c in self.open(candidates, max_imbalance):
             n = self.matched(c.name, req.prefix_blocks)

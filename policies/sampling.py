@@ -57,13 +57,19 @@ def read_sampling(p: Reader) -> Sampling:
     return Sampling(above or None, size)
 
 
+def _below(rng: random.Random, n: int) -> int:
+    """A position of ``n`` at random: ``randrange``'s three Python calls cost more than the
+    rest of a draw, and ``n`` is far below 2**53, where scaling a float is as even."""
+    return int(rng.random() * n)
+
+
 def positions(rng: random.Random, n: int, k: int) -> list[int]:
     """``k`` distinct positions of ``n`` (all of them when ``k >= n``), at random."""
     if k >= n:
         return list(range(n))
     picked: list[int] = []
     while len(picked) < k:  # k is a few and n is many: a repeat is rare
-        i = rng.randrange(n)
+        i = _below(rng, n)
         if i not in picked:
             picked.append(i)
     return picked
@@ -71,16 +77,16 @@ def positions(rng: random.Random, n: int, k: int) -> list[int]:
 
 def in_turn(names: Sequence[str], start: int, skip: Iterable[str], count: int) -> list[str]:
     """Up to ``count`` of ``names`` from ``start`` on, wrapping, leaving out ``skip``."""
-    out: list[str] = []
     left = set(skip)
-    n = len(names)
-    for step in range(min(n, count + len(left))):
-        name = names[(start + step) % n]
-        if name not in left:
-            out.append(name)
-            if len(out) == count:
-                break
-    return out
+    want = min(len(names), count + len(left))
+    # Slices, not a step per name: this runs for every sampled request (issue 29's cost at
+    # size), and ``want`` names from ``start`` can hold at most ``len(left)`` skipped ones.
+    window = list(names[start : start + want])
+    if len(window) < want:
+        window += names[: want - len(window)]
+    if left:
+        window = [name for name in window if name not in left]
+    return window[:count]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +125,7 @@ def draw(
             chosen.append(i)
     scored = [candidates[i] for i in chosen]
     room = (sampling.ranked if count is None else count) - len(scored)
-    tail = in_turn(names, rng.randrange(n), (c.name for c in scored), room) if room > 0 else []
+    tail = in_turn(names, _below(rng, n), (c.name for c in scored), room) if room > 0 else []
     return Drawn(scored, tail)
 
 
