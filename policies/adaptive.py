@@ -30,7 +30,7 @@ from typing import ClassVar
 from policies.affinity import affinity_key, home
 from policies.candidates import healthy as healthy_of
 from policies.candidates import position_of
-from policies.params import BuildContext
+from policies.params import BuildContext, engine_kinds, read_slo
 from policies.predictor import (
     PaceTracker,
     TpotTracker,
@@ -52,13 +52,14 @@ from policies.spill import (
 from policies.types import (
     Candidate,
     Decision,
+    Lesson,
     Outcome,
     RequestClass,
     RequestInfo,
     Slo,
     group_of,
 )
-from turnout.common.schema import Reader, unknown
+from turnout.common.schema import Reader
 
 # How fast the typical interactive prompt size (used for the headroom check) follows traffic.
 _PROMPT_ALPHA = 0.1
@@ -85,6 +86,8 @@ class AdaptivePolicy:
     """
 
     reads_prefix: ClassVar[bool] = True
+    shares_placement: ClassVar[bool] = True
+    shares_learning: ClassVar[bool] = True
 
     name: str
     settings: AdaptiveSettings
@@ -149,7 +152,7 @@ class AdaptivePolicy:
         priority = None
         spill: str | None = None
         if req.request_class == "interactive":
-            ranked = self._interactive(req, low, high, ahead) + rest
+            ranked = self._interactive(req, low, high, ahead, predicted) + rest
         elif (target := self._spill_target(req, low, high, ahead, predicted)) is None:
             ranked = high + low + rest
         else:
@@ -171,7 +174,7 @@ class AdaptivePolicy:
         for name in self.spills.backends():  # only where spill notes are kept
             if (i := position_of(chosen.candidates, name)) is not None:
                 self.spills.reconcile(chosen.candidates[i])
-        self.predictor.note(req, chosen.ahead)
+        self.predictor.note(req, chosen.ahead, decision.scores)
         if chosen.spill == backend:
             self.spills.note(req.request_id, backend, req.prompt_tokens)
         self.cache.observe(req, chosen.healthy)
@@ -207,22 +210,28 @@ class AdaptivePolicy:
         budget = self.settings.spill.priority_prefill_tokens
         return max(0.0, ahead[c.name] - spilled) + min(spilled, budget)
 
+    def _interactive_ttft(
+        self, req: RequestInfo, c: Candidate, ahead: dict[str, float], predicted: dict[str, float]
+    ) -> float:
+        """The TTFT predicted for an interactive ``req`` on ``c`` (``predicted``'s unless it
+        jumps spilled batch prompts there)."""
+        waits = self._interactive_ahead(c, ahead)
+        if waits == ahead[c.name]:
+            return predicted[c.name]
+        return self.predictor.predict(c.name, waits, req.prompt_tokens)
+
     def _interactive(
         self,
         req: RequestInfo,
         low: list[Candidate],
         high: list[Candidate],
         ahead: dict[str, float],
+        predicted: dict[str, float],
     ) -> list[Candidate]:
         if not low or not high:
             return low + high
-        best_low = min(
-            self.predictor.predict(c.name, self._interactive_ahead(c, ahead), req.prompt_tokens)
-            for c in low
-        )
-        best_high = min(
-            self.predictor.predict(c.name, ahead[c.name], req.prompt_tokens) for c in high
-        )
+        best_low = min(self._interactive_ttft(req, c, ahead, predicted) for c in low)
+        best_high = min(predicted[c.name] for c in high)
         if best_low > self.settings.slo["interactive"].ttft_s and best_high < best_low:
             return high + low
         return low + high
@@ -312,18 +321,41 @@ class AdaptivePolicy:
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn prefill rates, release spill slots, and track interactive attainment."""
-        self.predictor.observe(req, backend, outcome)
-        self.tpot.observe(req, backend, outcome)
-        self.pace.observe(req, backend, outcome)
+        lesson = self.predictor.observe(req, backend, outcome)
         self.spills.forget(req.request_id)
         if outcome.ok:
             self.cache.record(backend, req.prefix_blocks)
-        if req.request_class != "interactive" or not req.stream:
+        self._learn(lesson)
+
+    def lesson(self, req: RequestInfo, backend: str, outcome: Outcome) -> Lesson | None:
+        """What ``req``'s outcome teaches the router's other processes
+        (:class:`policies.base.SharesLearning`): None for a backend not configured here."""
+        if group_of(backend) not in self.engines:
+            return None
+        return self.predictor.lesson(req, backend, outcome)
+
+    def taught(self, lesson: Lesson) -> None:
+        """Learn from a request another process of the router served (its TTFT was predicted
+        and scored there)."""
+        if group_of(lesson.backend) in self.engines:
+            self.predictor.learn(lesson)
+            self._learn(lesson)
+
+    def learn(self, backend: str, blocks: Sequence[int]) -> None:
+        """Another router process sent a prompt of ``blocks`` to ``backend``
+        (:class:`policies.base.SharesPlacement`)."""
+        self.cache.record(backend, blocks)
+
+    def _learn(self, lesson: Lesson) -> None:
+        """What every process learns from a finished request, beside the TTFT line."""
+        self.tpot.learn(lesson)
+        self.pace.learn(lesson)
+        if lesson.request_class != "interactive" or not lesson.stream:
             return  # a non-streamed response has no observable TTFT
-        if req.prompt_tokens:
-            self.typical_prompt += _PROMPT_ALPHA * (req.prompt_tokens - self.typical_prompt)
-        if self.engines.get(group_of(backend)) in self.settings.low_ttft:
-            self.governor.record(self.settings.slo["interactive"].met(outcome))
+        if lesson.prompt_tokens:
+            self.typical_prompt += _PROMPT_ALPHA * (lesson.prompt_tokens - self.typical_prompt)
+        if self.engines.get(group_of(lesson.backend)) in self.settings.low_ttft:
+            self.governor.record(self.settings.slo["interactive"].met(lesson.outcome))
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,34 +370,11 @@ class _Chosen:
     """The low-TTFT backend a batch request is spilled to, if it is."""
 
 
-_DEFAULT_SLO: tuple[tuple[RequestClass, Slo], ...] = (
-    ("interactive", Slo(ttft_s=1.0, tpot_s=0.1)),
-    ("batch", Slo(ttft_s=60.0, tpot_s=1.0)),
-)
-
-
-def _engine_kinds(p: Reader, ctx: BuildContext, key: str) -> frozenset[str]:
-    kinds = p.string_list(key, required=True, non_empty=True) or []
-    for i, kind in enumerate(kinds):
-        if kind not in ctx.engines:
-            p.error(f"{key}[{i}]", unknown(kind, ctx.engines, "engine"))
-    return frozenset(kinds)
-
-
 def make_adaptive(name: str, p: Reader, ctx: BuildContext) -> AdaptivePolicy:
     """Build ``adaptive`` from its params (documented in docs/policies.md, `adaptive`)."""
-    slo_params = p.child("slo")
-    slo: dict[RequestClass, Slo] = {}
-    for cls, default in _DEFAULT_SLO:
-        c = slo_params.child(cls)
-        slo[cls] = Slo(
-            ttft_s=c.number("ttft_s", default.ttft_s, low=0.001),
-            tpot_s=c.number("tpot_s", default.tpot_s, low=0.0001),
-        )
-        c.done()
-    slo_params.done()
-    low = _engine_kinds(p, ctx, "low_ttft")
-    high = _engine_kinds(p, ctx, "high_throughput")
+    slo = read_slo(p.child("slo"))
+    low = engine_kinds(p, ctx, "low_ttft")
+    high = engine_kinds(p, ctx, "high_throughput")
     for kind in sorted(low & high):
         p.error("high_throughput", f"{kind!r} is also listed in low_ttft")
     settings = AdaptiveSettings(

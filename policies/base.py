@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
-from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo, Slo
+from policies.types import Candidate, Decision, Lesson, Outcome, RequestClass, RequestInfo, Slo
 
 PluginKind = Literal["filter", "scorer", "picker"]
 
@@ -72,6 +72,25 @@ class SharesPlacement(Protocol):
     """
 
     def learn(self, backend: str, blocks: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class SharesLearning(Protocol):
+    """A policy whose learned estimates (``adaptive``'s TTFT lines, TPOT, batch pace and
+    interactive attainment) also learn from the requests the router's other processes served.
+
+    For each finished request of such a policy the router asks for its :meth:`lesson` just
+    before its ``on_finish`` (a lesson holds what the policy noted when it chose, which
+    ``on_finish`` lets go), passes it on (router.control.placement), and each other process's
+    instance learns it through :meth:`taught`, as its own ``on_finish`` learns its own. A
+    policy whose ``shares_learning`` attribute is true is one.
+    """
+
+    def lesson(self, req: RequestInfo, backend: str, outcome: Outcome) -> Lesson | None:
+        """What the finished ``req`` teaches (None: nothing); changes nothing."""
+        ...
+
+    def taught(self, lesson: Lesson) -> None: ...
 
 
 @runtime_checkable

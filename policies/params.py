@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from policies.base import NullObserver, PipelineObserver
-from policies.types import REQUEST_CLASSES, BackendInfo, RequestClass
+from policies.types import REQUEST_CLASSES, BackendInfo, RequestClass, Slo
 from turnout.common.schema import Reader, join, unknown
 
 
@@ -64,3 +64,32 @@ def class_orders(p: Reader, ctx: BuildContext) -> dict[RequestClass, list[list[s
             out[cls] = ctx.resolve(p, cls, entries)
     p.done()
     return out
+
+
+DEFAULT_SLO: tuple[tuple[RequestClass, Slo], ...] = (
+    ("interactive", Slo(ttft_s=1.0, tpot_s=0.1)),
+    ("batch", Slo(ttft_s=60.0, tpot_s=1.0)),
+)
+
+
+def read_slo(p: Reader) -> dict[RequestClass, Slo]:
+    """Per class, its ``ttft_s`` and ``tpot_s`` targets (:data:`DEFAULT_SLO` where unset)."""
+    slo: dict[RequestClass, Slo] = {}
+    for cls, default in DEFAULT_SLO:
+        c = p.child(cls)
+        slo[cls] = Slo(
+            ttft_s=c.number("ttft_s", default.ttft_s, low=0.001),
+            tpot_s=c.number("tpot_s", default.tpot_s, low=0.0001),
+        )
+        c.done()
+    p.done()
+    return slo
+
+
+def engine_kinds(p: Reader, ctx: BuildContext, key: str) -> frozenset[str]:
+    """``key``: a non-empty list of the configured engine kinds."""
+    kinds = p.string_list(key, required=True, non_empty=True) or []
+    for i, kind in enumerate(kinds):
+        if kind not in ctx.engines:
+            p.error(f"{key}[{i}]", unknown(kind, ctx.engines, "engine"))
+    return frozenset(kinds)

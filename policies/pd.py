@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from policies.filters import MembersFilter
 from policies.params import BuildContext
@@ -74,7 +75,12 @@ class PdPolicy:
     """Where decodes were served: what each decode engine probably caches."""
     skip_above: float | None
     fallback_names: frozenset[str] = frozenset()
+    prefill_names: frozenset[str] = frozenset()
     type: str = "pd"
+    shares_placement: ClassVar[bool] = True
+    """Its record of where decodes went decides the skip, and the prefill pool's pipeline
+    (``cache-aware`` by default) keeps one of its own: both learn from every process of the
+    router (:meth:`learn`)."""
 
     def plan(self, req: RequestInfo, candidates: Sequence[Candidate]) -> PhasePlan:
         """Rank both pools (and the fallback) for ``req``. Pure."""
@@ -122,6 +128,19 @@ class PdPolicy:
         self.decode.on_finish(req, backend, outcome)
         if outcome.ok:
             self.index.record(backend, req.prefix_blocks)
+
+    def learn(self, backend: str, blocks: Sequence[int]) -> None:
+        """Another router process sent a prompt of ``blocks`` to ``backend``: a hop of its
+        pool, the prefill pool's first, then the fallback's, then the decode pool's (a
+        backend listed in two pools learns as the first)."""
+        group = group_of(backend)
+        if group in self.prefill_names:
+            self.prefill.learn(backend, blocks)
+        elif self.fallback is not None and group in self.fallback_names:
+            self.fallback.learn(backend, blocks)
+        else:
+            self.index.record(backend, blocks)  # ignores a backend not of the decode pool
+            self.decode.learn(backend, blocks)
 
     def _fallback(self, backend: str) -> bool:
         return group_of(backend) in self.fallback_names
@@ -176,4 +195,5 @@ def make_pd(name: str, p: Reader, ctx: BuildContext, build: PipelineBuilder) -> 
     p.done()
     if prefill is None or decode is None:  # an error was recorded: the build fails
         prefill = decode = PipelinePolicy(name, "pd")
-    return PdPolicy(name, prefill, decode, fallback, PrefixIndex(None, d_names), skip, f_names)
+    index = PrefixIndex(None, d_names)
+    return PdPolicy(name, prefill, decode, fallback, index, skip, f_names, p_names)

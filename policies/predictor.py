@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from policies.params import BuildContext
-from policies.types import Candidate, Outcome, RequestInfo, group_of
+from policies.types import Candidate, Lesson, Outcome, RequestInfo, group_of
 from turnout.common.schema import Reader
 
 
@@ -225,13 +225,18 @@ class TtftPredictor:
         """Seconds to first token for ``prompt_tokens`` behind ``ahead_tokens``."""
         return self._fit(backend).predict(prompt_tokens / _UNIT, ahead_tokens / _UNIT)
 
-    def note(self, req: RequestInfo, ahead: Mapping[str, float]) -> None:
+    def note(
+        self,
+        req: RequestInfo,
+        ahead: Mapping[str, float],
+        predicted: Mapping[str, float] | None = None,
+    ) -> None:
         """Remember the queue estimates made for ``req`` (per backend), and the TTFT each
-        predicts, until it finishes."""
+        predicts (``predicted``, when the caller has them already), until it finishes."""
         prompt = req.prompt_tokens
-        self._pending[req.request_id] = {
-            b: (a, self.predict(b, a, prompt)) for b, a in ahead.items()
-        }
+        if predicted is None:
+            predicted = {b: self.predict(b, a, prompt) for b, a in ahead.items()}
+        self._pending[req.request_id] = {b: (a, predicted[b]) for b, a in ahead.items()}
         while len(self._pending) > self.pending_limit:
             self._pending.popitem(last=False)
 
@@ -246,24 +251,45 @@ class TtftPredictor:
         ``ERROR_WINDOW`` streamed requests; backends without any are absent."""
         return {b: sum(e) / len(e) for b, e in self._errors.items() if e}
 
-    def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
-        """Learn from a finished request.
+    def lesson(self, req: RequestInfo, backend: str, outcome: Outcome) -> Lesson:
+        """What the finished ``req`` teaches, with the queue estimate noted for it on
+        ``backend`` (none: 0); changes nothing."""
+        ahead, _ = self._pending.get(req.request_id, {}).get(backend, (0.0, None))
+        # The router's estimate, not the engine's usage: predictions are made in those units.
+        prompt = req.prompt_tokens or outcome.prompt_tokens
+        return Lesson(backend, req.request_class, req.stream, prompt, ahead, outcome)
+
+    def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> Lesson:
+        """Learn from a request this process sent, and score the TTFT predicted for it
+        (:meth:`error`); returns its :meth:`lesson`."""
+        lesson = self.lesson(req, backend, outcome)
+        _, predicted = self._pending.pop(req.request_id, {}).get(backend, (0.0, None))
+        ttft = outcome.ttft_s
+        if predicted is not None and ttft is not None and _teaches(lesson):
+            errors = self._errors.setdefault(backend, deque(maxlen=ERROR_WINDOW))
+            errors.append(abs(predicted - ttft) / ttft)
+        self.learn(lesson)
+        return lesson
+
+    def learn(self, lesson: Lesson) -> None:
+        """Learn from a finished request, whichever router process served it.
 
         Failed and non-streamed requests teach nothing: a non-streamed response arrives
         whole, so its "first token" time includes the whole generation.
         """
-        ahead, predicted = self._pending.pop(req.request_id, {}).get(backend, (0.0, None))
-        ttft = outcome.ttft_s
-        if not req.stream or not outcome.ok or ttft is None or ttft <= 0:
-            return
-        # The router's estimate, not the engine's usage: predictions are made in those units.
-        prompt = req.prompt_tokens or outcome.prompt_tokens
-        if prompt + ahead <= 0:
-            return
-        if predicted is not None:
-            errors = self._errors.setdefault(backend, deque(maxlen=ERROR_WINDOW))
-            errors.append(abs(predicted - ttft) / ttft)
-        self._fit(backend).add(prompt / _UNIT, ahead / _UNIT, ttft, self.alpha)
+        ttft = lesson.outcome.ttft_s
+        if ttft is not None and _teaches(lesson):
+            fit = self._fit(lesson.backend)
+            fit.add(lesson.prompt_tokens / _UNIT, lesson.ahead_tokens / _UNIT, ttft, self.alpha)
+
+
+def _teaches(lesson: Lesson) -> bool:
+    """Whether ``lesson`` holds a TTFT to learn the line from (module docstring)."""
+    outcome = lesson.outcome
+    ttft = outcome.ttft_s
+    if not lesson.stream or not outcome.ok or ttft is None or ttft <= 0:
+        return False
+    return lesson.prompt_tokens + lesson.ahead_tokens > 0
 
 
 @dataclass(slots=True)
@@ -297,9 +323,10 @@ class TpotTracker:
         self._tpot.pop(backend, None)
         self._learned.discard(backend)
 
-    def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+    def learn(self, lesson: Lesson) -> None:
         """Learn from a finished streamed request that produced at least two tokens."""
-        if not req.stream or not outcome.ok or outcome.tpot_s is None or outcome.tpot_s <= 0:
+        outcome, backend = lesson.outcome, lesson.backend
+        if not lesson.stream or not outcome.ok or outcome.tpot_s is None or outcome.tpot_s <= 0:
             return
         old = self.tpot(backend)
         self._tpot[backend] = old + self.alpha * (outcome.tpot_s - old)
@@ -324,9 +351,10 @@ class PaceTracker:
     def forget(self, backend: str) -> None:
         self._pace.pop(backend, None)
 
-    def observe(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+    def learn(self, lesson: Lesson) -> None:
         """Learn from a finished batch request that produced output."""
-        if req.request_class != "batch" or not outcome.ok or outcome.e2e_s is None:
+        outcome, backend = lesson.outcome, lesson.backend
+        if lesson.request_class != "batch" or not outcome.ok or outcome.e2e_s is None:
             return
         if outcome.output_tokens <= 0:
             return

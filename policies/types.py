@@ -121,6 +121,23 @@ class Outcome:
     tpot_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Lesson:
+    """What one finished request teaches a learning policy, in terms any process of the
+    router can learn from: the policy's ``lesson`` makes it where the request was served,
+    its ``taught`` learns it there and in every other process (policies.base.SharesLearning).
+    """
+
+    backend: str
+    request_class: RequestClass
+    stream: bool
+    prompt_tokens: int
+    """The router's estimate of the prompt (the engine's count when it had none)."""
+    ahead_tokens: float
+    """The prefill the serving process estimated queued ahead on ``backend`` when it chose."""
+    outcome: Outcome
+
+
 def group_of(name: str) -> str:
     """The configured backend a backend name stands for in policy params.
 

@@ -1,5 +1,6 @@
-"""One placement record for the whole router: where each process sent its prompts, passed to
-every other process, whose policies record it too.
+"""One placement record and one set of learned estimates for the whole router: where each
+process sent its prompts, and what each finished request taught, passed to every other
+process, whose policies learn it too.
 
 A policy that keeps a record of where prompts went (``shares_placement``: the cache-aware
 prefix record, policies.base.SharesPlacement) learns only from what its own process sends.
@@ -14,11 +15,16 @@ such a policy sends, the router passes on ``(policy, backend, prefix blocks)``:
   batches every :data:`POLL` seconds off the request path; a router skips what it published
   itself (its workers have it from the ring already).
 
-Receiving processes call the policy's ``learn``; a policy stays pure and never sees where an
-event came from. A prompt's first :data:`MAX_SHARED_BLOCKS` blocks are passed on. A reader
-that falls a whole ring behind loses what it missed (counted), and a router that cannot
-reach Redis keeps learning from its own workers only, shown by ``turnout_placement_shared``
-at 0, logged once, and once when it is back.
+A policy that learns estimates from outcomes (``shares_learning``: ``adaptive``'s TTFT lines,
+TPOT, batch pace and interactive attainment, policies.base.SharesLearning) passes on the
+:class:`~policies.types.Lesson` of each finished request the same way.
+
+Receiving processes call the policy's ``learn`` (a placement) or ``taught`` (a lesson); a
+policy stays pure and never sees where an event came from. A prompt's first
+:data:`MAX_SHARED_BLOCKS` blocks are passed on. A reader that falls a whole ring behind
+loses what it missed (counted), and a router that cannot reach Redis keeps learning
+(placements and lessons) from its own workers only, with its own estimates, shown by
+``turnout_placement_shared`` at 0, logged once, and once when it is back.
 """
 
 from __future__ import annotations
@@ -32,9 +38,13 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from policies.base import Policy, SharesPlacement
+from policies.base import Policy, SharesLearning, SharesPlacement
+from policies.types import Lesson, Outcome, RequestInfo
 
 log = logging.getLogger("router")
+_LESSON = "lesson"
+"""A lesson's payload is ``[policy, backend, "lesson", [its figures]]``; a placement's has
+three items, so a router that knows only placements skips lessons as malformed."""
 
 POLL = 0.02
 RING_BYTES = 4 << 20
@@ -147,17 +157,34 @@ class PlacementFeed:
         """``policy`` sent a prompt of ``blocks`` to ``backend``: pass it on."""
         if not blocks or not getattr(policy, "shares_placement", False):
             return
-        payload = orjson.dumps([policy.name, backend, blocks[:MAX_SHARED_BLOCKS]])
+        self._send(orjson.dumps([policy.name, backend, blocks[:MAX_SHARED_BLOCKS]]))
+
+    def finished(self, policy: Policy, req: RequestInfo, backend: str, outcome: Outcome) -> None:
+        """``req``, sent by ``policy``, finished on ``backend``: pass on its lesson. Called
+        before the policy's ``on_finish`` (which lets go of what the lesson reads)."""
+        if not isinstance(policy, SharesLearning) or not getattr(policy, "shares_learning", 0):
+            return
+        lesson = policy.lesson(req, backend, outcome)
+        if lesson is not None:
+            self._send(orjson.dumps([policy.name, backend, _LESSON, _figures(lesson)]))
+
+    def _send(self, payload: bytes) -> None:
         if self._rings is not None:
             self._rings.write(payload)
         if self._redis is not None and len(self._outbox) < 10_000:
             self._outbox.append(payload)
 
     def learn(self, payload: bytes) -> None:
-        """Record one placement another process passed on (a malformed one is skipped)."""
+        """Learn one placement or lesson another process passed on (a malformed one is
+        skipped)."""
         try:
-            name, backend, blocks = orjson.loads(payload)
+            name, backend, *rest = orjson.loads(payload)
             policy = self._policies().get(name)
+            if len(rest) == 2 and rest[0] == _LESSON:
+                if isinstance(policy, SharesLearning) and getattr(policy, "shares_learning", 0):
+                    policy.taught(_lesson(str(backend), rest[1]))
+                return
+            [blocks] = rest
         except (ValueError, TypeError, AttributeError):
             return
         if isinstance(policy, SharesPlacement) and getattr(policy, "shares_placement", False):
@@ -227,3 +254,48 @@ class PlacementFeed:
         if not self.shared:
             self.shared = True
             log.warning("placement channel reachable again: placements are shared again")
+
+
+def _figures(lesson: Lesson) -> list[object]:
+    o = lesson.outcome
+    return [
+        lesson.request_class,
+        lesson.stream,
+        lesson.prompt_tokens,
+        lesson.ahead_tokens,
+        o.status,
+        o.ok,
+        o.prompt_tokens,
+        o.output_tokens,
+        o.ttft_s,
+        o.e2e_s,
+        o.tpot_s,
+    ]
+
+
+def _lesson(backend: str, figures: object) -> Lesson:
+    """The lesson :func:`_figures` wrote (ValueError or TypeError when it is not one)."""
+    if not isinstance(figures, list):
+        raise TypeError(figures)
+    cls, stream, prompt, ahead, status, ok, p_tokens, o_tokens, ttft, e2e, tpot = figures
+    if cls != "interactive" and cls != "batch":
+        raise ValueError(cls)
+    outcome = Outcome(
+        _count(status), ok is True, _count(p_tokens), _count(o_tokens),
+        _seconds(ttft), _seconds(e2e), _seconds(tpot),
+    )  # fmt: skip
+    return Lesson(backend, cls, stream is True, _count(prompt), float(_count(ahead)), outcome)
+
+
+def _count(value: object) -> int:
+    if not isinstance(value, int | float) or not 0 <= value < 1e12:
+        raise ValueError(value)
+    return int(value)
+
+
+def _seconds(value: object) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or not 0 <= value < 1e6:
+        raise ValueError(value)
+    return float(value)

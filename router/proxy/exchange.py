@@ -220,6 +220,8 @@ class Exchange:
         outcome = Outcome(self.status, ok, prompt or 0, output or 0, ttft, e2e, tpot)
         # Also when no backend served: a policy may hold state for the request it chose for.
         try:
+            if state.placement is not None:  # what it teaches the router's other processes
+                state.placement.finished(policy, info, backend, outcome)
             policy.on_finish(info, backend, outcome)
         except Exception:  # feedback must not break the request's other bookkeeping
             log.exception("policy %s failed in on_finish", policy.name)

@@ -107,6 +107,12 @@ class TwoHop:
         admission = self.state.admission
         return await admission.take(info.request_class, targets, self.share, cost, self.seat)
 
+    def placed(self, backend: str) -> None:
+        """A hop goes to ``backend``: the router's other processes learn it (its pool's
+        record, router.control.placement)."""
+        if self.state.placement is not None:
+            self.state.placement.placed(self.policy, backend, self.parsed.info.prefix_blocks)
+
 
 def prefill_body(doc: Mapping[str, Any], model: str, endpoint: Endpoint) -> bytes:
     """The prefill hop's body (see the module)."""
@@ -182,6 +188,7 @@ async def open_two_hop(req: TwoHop, hops: Hops) -> Opened:
                  for a in fallback]  # fmt: skip
         first = await req.take(plain)
         policy.committed(info, planned.decision, first.backend.name)
+        req.placed(first.backend.name)
         return await _open(req, [first, *plain])
     if isinstance(params, Opened):
         return params
@@ -220,6 +227,7 @@ async def _prefill(
         raise UpstreamFailed(Failure("none", "no prefill backend is healthy"), 0)
     first = await req.take(left)
     req.policy.prefill_committed(info, phases, first.backend.name)
+    req.placed(first.backend.name)
     left.insert(0, first)
     while True:
         t0 = time.monotonic()
@@ -271,6 +279,7 @@ async def _decode(
     left = [_target(req, a, b"") for a in planned.attempts]  # bodies once params are known
     first = await req.take(left)
     req.policy.committed(info, planned.decision, first.backend.name)
+    req.placed(first.backend.name)
     left.insert(0, first)
     attempts = 0
     while True:

@@ -351,6 +351,29 @@ def test_learning_moves_interactive_off_a_slow_engine() -> None:
     assert send(policy, interactive("y"), snap(10_000, 0)).ranked[0] == "deepinfer"
 
 
+def test_what_one_instance_learns_another_is_taught_alike() -> None:
+    """Two processes' instances: one serves, the other learns its lessons, and the two end
+    with the same estimates and decisions (the spill notes and the error stay the server's)."""
+    served, taught = build(), build()
+    for i in range(40):
+        prompt, queued = 1000 + 50 * i, 2000 + 100 * (i % 7)
+        req = interactive(f"s{i}", prompt=prompt)
+        send(served, req, snap(queued, 0))
+        outcome = Outcome(200, True, prompt, 30, ttft_s=(prompt + queued) / 5000, tpot_s=0.02)
+        lesson = served.lesson(req, "vllm", outcome)
+        assert lesson is not None and lesson.ahead_tokens == queued
+        served.on_finish(req, "vllm", outcome)
+        taught.taught(lesson)
+    assert taught.predictor.rate("vllm") == pytest.approx(served.predictor.rate("vllm"))
+    assert taught.tpot.tpot("vllm") == pytest.approx(served.tpot.tpot("vllm"))
+    assert taught.typical_prompt == served.typical_prompt
+    assert taught.governor.attainment == served.governor.attainment < 1
+    assert send(taught, interactive("y"), snap(10_000, 0)).ranked[0] == "deepinfer"
+    assert build().choose(interactive("y"), snap(10_000, 0)).ranked[0] == "vllm"  # untaught
+    assert taught.prediction_error() == {} and "vllm" in served.prediction_error()
+    assert served.lesson(interactive("z"), "elsewhere", Outcome(200, True)) is None
+
+
 def test_pools_of_replicas_use_session_affinity_within_the_load_bound() -> None:
     policy = build(replicas=3)
 

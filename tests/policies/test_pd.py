@@ -91,3 +91,22 @@ def test_pipelines_are_configurable_and_mistakes_reported_at_their_paths() -> No
     assert {"params.prefill_pipeline.scorers[0].type", "params.extra"} <= paths
     with pytest.raises(PolicyConfigError, match=r"params\.decode"):
         build_policy("split", "pd", {"prefill": ["p0"]}, BACKENDS)
+
+
+def test_placements_from_other_processes_reach_each_pools_record() -> None:
+    """What another router process placed (router.control.placement): a prefill hop teaches
+    the prefill pool's cache-aware record, a decode hop the skip's record."""
+    policy = pd(skip_prefill_above=0.5)
+    cands = [cand("p0"), cand("p1", inflight=2), cand("d0"), cand("d1", inflight=2), cand("c0")]
+    req = make_request(prefix_blocks=(1, 2, 3, 4))
+    plan = policy.plan(req, cands)
+    assert plan.prefill is not None and plan.prefill.ranked[0] == "p0" and not plan.skipped
+    policy.learn("p1", req.prefix_blocks)
+    again = policy.plan(req, cands).prefill
+    assert again is not None and again.ranked[0] == "p1"  # warm despite its load
+    policy.learn("d0", req.prefix_blocks)
+    skipped = policy.plan(req, cands)
+    assert skipped.skipped and skipped.decode.ranked[0] == "d0"
+    fresh = pd(skip_prefill_above=0.5)
+    fresh.learn("c0", req.prefix_blocks)  # the fallback's: not the decode pool's record
+    assert not fresh.plan(req, cands).skipped

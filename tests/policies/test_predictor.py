@@ -9,7 +9,7 @@ import pytest
 from policies.predictor import TpotTracker, TtftPredictor, queued_prefill_tokens
 from policies.scorers import PredictedTtftScorer
 from policies.testing import make_candidate, make_request
-from policies.types import Outcome
+from policies.types import Lesson, Outcome
 
 
 def simulate(
@@ -186,12 +186,15 @@ def test_queued_prefill_tokens(cand: object, expected: float) -> None:
 def test_tpot_tracker_follows_streamed_outcomes_only() -> None:
     tracker = TpotTracker({"vllm": 0.012}, default_prior=0.02, alpha=0.5)
     assert (tracker.tpot("vllm"), tracker.tpot("other")) == (0.012, 0.02)
-    streamed = make_request(request_id="s", stream=True)
-    tracker.observe(streamed, "vllm", Outcome(200, True, tpot_s=0.032))
+
+    def learn(stream: bool, outcome: Outcome) -> None:
+        tracker.learn(Lesson("vllm", "interactive", stream, 1000, 0.0, outcome))
+
+    learn(True, Outcome(200, True, tpot_s=0.032))
     assert tracker.tpot("vllm") == pytest.approx(0.022)
-    tracker.observe(make_request(stream=False), "vllm", Outcome(200, True, tpot_s=5.0))
-    tracker.observe(streamed, "vllm", Outcome(500, False, tpot_s=1.0))
-    tracker.observe(streamed, "vllm", Outcome(200, True, tpot_s=None))
+    learn(False, Outcome(200, True, tpot_s=5.0))
+    learn(True, Outcome(500, False, tpot_s=1.0))
+    learn(True, Outcome(200, True, tpot_s=None))
     assert tracker.tpot("vllm") == pytest.approx(0.022)
 
 

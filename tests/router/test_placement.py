@@ -10,7 +10,7 @@ import orjson
 
 from policies.registry import BackendInfo, build_policy
 from policies.testing import make_candidate
-from policies.types import RequestInfo
+from policies.types import Outcome, RequestInfo
 from router.control.placement import PlacementFeed, PlacementRings
 
 
@@ -55,3 +55,34 @@ def test_prefix_blocks_are_the_same_in_every_process() -> None:
         for seed in ("1", "2")
     }
     assert len(chains) == 1 and chains.pop().count(",") == 5  # 6 full blocks of 256
+
+
+def test_a_feed_carries_adaptive_lessons_between_processes() -> None:
+    """One worker's finished requests, passed through a ring as lessons, teach another
+    worker's adaptive instance; a malformed lesson is skipped."""
+    infos = [BackendInfo("fast", "vllm", False), BackendInfo("bulk", "deepinfer", False)]
+    params = {"low_ttft": ["vllm"], "high_throughput": ["deepinfer"]}
+    here, there = (build_policy("ad", "adaptive", params, infos) for _ in range(2))
+    rings = PlacementRings(2, size=1 << 16)
+    inbox = rings.ring(1)
+    sender = PlacementFeed(lambda: {"ad": here}, rings.ring(0), None, "router")
+    receiver = PlacementFeed(lambda: {"ad": there}, inbox, None, "router")
+    cands = [make_candidate("fast", "vllm"), make_candidate("bulk", "deepinfer")]
+    for i in range(30):  # "fast" takes 3 s to a first token: over the 1 s target
+        req = RequestInfo(f"r{i}", "chat", "m", "interactive", stream=True, prompt_tokens=900)
+        decision = here.choose(req, cands)
+        here.committed(req, decision, "fast")
+        outcome = Outcome(200, True, 900, 20, ttft_s=3.0, e2e_s=3.5, tpot_s=0.02)
+        sender.finished(here, req, "fast", outcome)
+        here.on_finish(req, "fast", outcome)
+    payloads = inbox.read()
+    assert len(payloads) == 30
+    receiver.learn(orjson.dumps(["ad", "fast", "lesson", ["interactive", True, "x"]]))
+    receiver.learn(orjson.dumps(["ad", "fast", "lesson", {"ttft": 1}]))
+    for payload in payloads:
+        receiver.learn(payload)
+    asked = RequestInfo("q", "chat", "m", "interactive", stream=True, prompt_tokens=900)
+    assert here.choose(asked, cands).ranked[0] == "bulk"
+    assert there.choose(asked, cands).ranked[0] == "bulk"
+    untaught = build_policy("ad", "adaptive", params, infos)
+    assert untaught.choose(asked, cands).ranked[0] == "fast"
