@@ -4,22 +4,26 @@
                                     [--no-peer] [--peer-timeout 60] [--peer-requests 256]
 
 One fast upstream (benchmarks/proxy_overhead.py's SSE server, its own process) listens on
-one port at N distinct loopback addresses (127.0.0.1, 127.0.0.2, ..., 127.0.4.24), and
-each address is one backend: half ``vllm``, half ``deepinfer`` (so ``class-split``,
-``pinned`` by engine and ``adaptive`` have their pools), models configured (no
-/v1/models polling), probes every 60 s and no scrape (so the figure is the requests').
-A router per size (one worker each, access log on as in production) runs at once, each
-warmed up with as many requests per policy as it has backends (so each backend's connection
-is open, as in steady serving). Each round then sends every router, in turn, 32 closed-loop
-streams of 16 unpaced chunks, ``--requests`` in all, through each policy (picked by
-``X-Turnout-Policy``), and takes the router process's CPU per request (utime+stime from
-/proc); medians of ``--rounds`` rounds are printed, so a burst of other load on the machine
-hits every size alike. ``round-robin A/A`` measures round-robin a second time in each
-round: the difference between the two rows is this run's noise. vllm-router (``pip install
-vllm-router``; one tokio worker thread) gets the same load with its ``round_robin`` and
-``cache_aware`` policies, where it answers within ``--peer-timeout`` seconds of starting
-(one run of ``--peer-requests`` after a warm-up of 64: its ``cache_aware`` costs
-milliseconds a request from 64 backends up, so more would take minutes).
+one port at N distinct loopback addresses (127.0.0.1, 127.0.0.2, ..., 127.0.4.24), and each
+address is one backend: half ``vllm``, half ``deepinfer`` (so ``class-split``, ``pinned`` by
+engine and ``adaptive`` have their pools), models configured (no /v1/models polling), probes
+every 60 s and no scrape (so the figure is the requests'). A router per size (one worker
+each, access log on as in production) runs at once, each warmed up with as many requests per
+policy as it has backends (so each backend's connection is open, as in steady serving), and
+again with round-robin before every measured run: the router closes a connection idle for
+4 s (router.proxy.connection.IDLE_SECONDS), and the other routers' runs keep each one idle
+for longer than that, so without it the first run of a round would open a connection per backend
+(an eighth of the requests at 256 backends, half at 1,024: a measure of connecting, not of
+routing). Each round then sends every router, in turn, 32 closed-loop streams of 16 unpaced
+chunks, ``--requests`` in all, through each policy (picked by ``X-Turnout-Policy``), and
+takes the router process's CPU per request (utime+stime from /proc); medians of ``--rounds``
+rounds are printed, so a burst of other load on the machine hits every size alike.
+``round-robin A/A`` measures round-robin a second time in each round: the difference between
+the two rows is this run's noise. vllm-router (``pip install vllm-router``; one tokio worker
+thread) gets the same load with its ``round_robin`` and ``cache_aware`` policies, where it
+answers within ``--peer-timeout`` seconds of starting (one run of ``--peer-requests`` after
+a warm-up of 64: its ``cache_aware`` costs milliseconds a request from 64 backends up, so
+more would take minutes).
 
 Then, per size, the router's resident memory after its runs and the memory per backend
 above the smallest size's, and issue 29's targets at 256 backends against 2 (at most 1.2x
@@ -133,15 +137,21 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+def _warm(url: str, backends: int, policy: str = "round-robin") -> None:
+    """As many requests through ``policy`` as there are backends (at least one per stream):
+    with round-robin, every backend's connection is open and fresh afterwards."""
+    headers = {"X-Turnout-Policy": policy}
+    warm = max(backends, STREAMS)
+    uvloop.run(_load(url + PATH, STREAMS, warm, CHUNKS, 0.0, True, headers=headers))
+
+
 def _start(urls: Sequence[str], tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     """A router in front of ``urls``, each backend's connection opened by every policy."""
     cfg = _config(urls, tmp)
     argv = [sys.executable, "-m", "turnout", "serve", "--config", str(cfg)]
     proc, url = spawn_ready(argv, "turnout listening on ", 120)
     for name in POLICIES:
-        headers = {"X-Turnout-Policy": name}
-        warm = max(len(urls), STREAMS)
-        uvloop.run(_load(url + PATH, STREAMS, warm, CHUNKS, 0.0, True, headers=headers))
+        _warm(url, len(urls), name)
     return proc, url
 
 
@@ -159,6 +169,7 @@ def _turnout(
         for _ in range(args.rounds):
             for n, (proc, url) in routers.items():
                 for name, runs in samples[n].items():
+                    _warm(url, n)  # connections idle past the pool's limit are reopened here
                     headers = {"X-Turnout-Policy": "round-robin" if name == AA else name}
                     runs.append(_cpu_per_request(url, proc.pid, args.requests, headers))
         medians = {
