@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from policies.base import Policy, SharesLearning, SharesPlacement
@@ -141,7 +143,14 @@ class PlacementFeed:
         self._redis = (
             None
             if redis_url is None
-            else Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            # One retry at once (a pooled connection a restarted server dropped), no backoff:
+            # a publish stuck in redis-py's backoff holds up every lesson after it for seconds.
+            else Redis.from_url(
+                redis_url,
+                socket_timeout=0.5,
+                socket_connect_timeout=0.5,
+                retry=Retry(NoBackoff(), 1),
+            )
         )
         self._outbox: list[bytes] = []
         self._tasks: list[asyncio.Task[None]] = []
