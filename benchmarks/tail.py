@@ -2,6 +2,7 @@
 
     python -m benchmarks.tail [--rate 10] [--duration 40] [--saturate 30] [--saturate-duration 20]
                               [--stall 5] [--stall-rate 0.02] [--seed 0] [--repeat-none]
+                              [--simulated-only]
 
 Two vLLM emulators (one rank of ``max_num_seqs=4`` each, about 23 requests/s between them,
 so that a saturating rate stays within what one Python client sends), each stalling
@@ -20,6 +21,13 @@ event), errors, the extra upstream requests (prompt tokens the engines received 
 the answers carried, in requests), the router's hedges and missed deadlines, and
 ``turnout_hedge_wasted_tokens_total``. ``--repeat-none`` runs ``none`` twice (an A/A pair:
 the noise between identical runs).
+
+Under each live row, ``sim`` is the same run in ``replay simulate`` (replay.simulate, in
+virtual time, in-process): the same schedule and bodies as a capture file, the same router
+config with the two backends as ``emulator:`` blocks of the same settings and seeds. Its
+extra requests, hedges, missed deadlines and wasted tokens are what the simulated router
+counted (``simulation.tail`` in simulate's report). ``--simulated-only`` prints just those
+rows (no processes: a second or so).
 """
 
 from __future__ import annotations
@@ -42,6 +50,12 @@ import orjson
 import yaml
 
 from emulator.simulate import percentile
+from replay.client import Result
+from replay.plan import Plan, PlanOptions
+from replay.simulate.loop import Simulation
+from replay.simulate.world import World
+from replay.sources import Source
+from router.config.parse import parse_config
 from router.server.children import spawn_ready, stop_all
 from turnout.common.sse import StreamMeter
 
@@ -62,11 +76,15 @@ class Run:
     prompt_tokens: int = 0
     upstream_prompt_tokens: float = 0.0
     router: dict[str, float] = field(default_factory=dict)
+    extra: float | None = None
+    """Extra requests as counted (simulated); None: from the engines' prompt tokens (live)."""
 
     def row(self) -> str:
         ms = [1e3 * percentile(self.ttfts, q) for q in (50, 95, 99)]
         per = self.prompt_tokens / max(1, len(self.ttfts))
-        extra = (self.upstream_prompt_tokens - self.prompt_tokens) / per if per else 0.0
+        extra = self.extra
+        if extra is None:
+            extra = (self.upstream_prompt_tokens - self.prompt_tokens) / per if per else 0.0
         share = 100 * extra / max(1, len(self.ttfts) + self.errors)
         r = self.router
         return (
@@ -74,6 +92,27 @@ class Run:
             f"{ms[2]:.0f} | {extra:.0f} ({share:.1f}%) | {r['hedges']:.0f} | "
             f"{r['missed']:.0f} | {r['wasted']:.0f} |"
         )
+
+
+def _engine(stall: float, rate: float) -> dict[str, Any]:
+    """Each emulator's profile keys (``--set`` live, ``emulator.set`` simulated)."""
+    return {"ranks": 1, "max_num_seqs": 4, "faults.first_token_stall_rate": rate,
+            "faults.first_token_stall": stall}  # fmt: skip
+
+
+def _router(backends: list[dict[str, Any]], tail: dict[str, Any]) -> dict[str, Any]:
+    """The router's config over ``backends``, with ``tail`` for the interactive class."""
+    doc: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "backends": backends,
+        "default_policy": "rr",
+        "policies": {"rr": {"type": "round-robin"}},
+        "health": {"scrape_interval": 0.2},
+        "access_log": {"enabled": False},
+    }
+    if tail:
+        doc["tail"] = {"interactive": tail}
+    return doc
 
 
 @contextlib.contextmanager
@@ -86,25 +125,16 @@ def _processes(
         urls = []
         for i in range(2):
             argv = [sys.executable, "-m", "turnout", "emulator", "--profile", "vllm", "--port",
-                    "0", "--seed", str(seed + i), "--set", "ranks=1", "--set", "max_num_seqs=4",
-                    "--set", f"faults.first_token_stall_rate={rate}",
-                    "--set", f"faults.first_token_stall={stall}"]  # fmt: skip
+                    "0", "--seed", str(seed + i)]  # fmt: skip
+            for key, value in _engine(stall, rate).items():
+                argv += ["--set", f"{key}={value}"]
             proc, url = spawn_ready(argv, "emulator listening on", 30)
             procs.append(proc)
             urls.append(url)
-        doc: dict[str, Any] = {
-            "listen": {"host": "127.0.0.1", "port": 0},
-            "backends": [{"name": f"e{i}", "engine": "vllm", "url": u} for i, u in enumerate(urls)],
-            "default_policy": "rr",
-            "policies": {"rr": {"type": "round-robin"}},
-            "health": {"scrape_interval": 0.2},
-            "access_log": {"enabled": False},
-        }
-        if tail:
-            doc["tail"] = {"interactive": tail}
+        backends = [{"name": f"e{i}", "engine": "vllm", "url": u} for i, u in enumerate(urls)]
         directory = Path(tempfile.mkdtemp(prefix="tail-bench-"))
         path = directory / "router.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        path.write_text(yaml.safe_dump(_router(backends, tail)))
         argv = [sys.executable, "-m", "turnout", "serve", "--port", "0", "--config", str(path)]
         router, url = spawn_ready(argv, "turnout listening on", 30)
         procs.append(router)
@@ -113,20 +143,62 @@ def _processes(
         stop_all(procs, 10)
 
 
-def _body(i: int) -> bytes:
+def _simulated(
+    schedule: list[float], stall: float, rate: float, tail: dict[str, Any], seed: int
+) -> Run:
+    """The same run in ``replay simulate``, in virtual time (see the module)."""
+    backends = [
+        {"name": f"e{i}", "engine": "vllm",
+         "emulator": {"profile": "vllm", "seed": seed + i, "set": _engine(stall, rate)}}
+        for i in range(2)
+    ]  # fmt: skip
+    rows = [
+        {"custom_id": f"r-{i}", "url": "/v1/chat/completions", "body": _body(i),
+         "t_offset_ms": at * 1e3}
+        for i, at in enumerate(schedule)
+    ]  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="tail-sim-") as directory:
+        trace = Path(directory) / "trace.jsonl"
+        trace.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        world = World(parse_config(_router(backends, tail)), {})
+        results: list[Result] = []
+        sim = Simulation(world, world.policies["rr"], "rr", lambda i, r, t: results.append(r))
+        sim.run(Plan(Source(str(trace), model=world.model()), PlanOptions()))
+    run = Run("sim")
+    for r in results:
+        if r.ok and r.ttft is not None:
+            run.ttfts.append(r.ttft)
+        else:
+            run.errors += 1
+    c = sim.tails.counts
+    run.router = {"hedges": c.hedges, "missed": c.missed, "wasted": c.wasted_tokens}
+    run.extra = c.extra
+    return run
+
+
+def _body(i: int) -> dict[str, Any]:
     words = " ".join(f"w{(i * 7 + k) % 997}" for k in range(40))
-    return orjson.dumps({
+    return {
         "model": MODEL, "messages": [{"role": "user", "content": f"r{i} {words}"}],
         "max_tokens": OUTPUT, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True},
-    })  # fmt: skip
+    }  # fmt: skip
+
+
+def _schedule(rate: float, duration: float, seed: int) -> list[float]:
+    """Poisson arrival times (seconds), the same for every run, live or simulated."""
+    rng, at, out = random.Random(seed), 0.0, []
+    while at < duration:
+        out.append(at)
+        at += rng.expovariate(rate)
+    return out
 
 
 async def _one(session: aiohttp.ClientSession, url: str, i: int, run: Run) -> None:
     start = time.perf_counter()
     meter = StreamMeter(start)
     try:
-        async with session.post(url + "/v1/chat/completions", data=_body(i)) as resp:
+        async with session.post(url + "/v1/chat/completions", data=orjson.dumps(_body(i))) as resp:
             if resp.status != 200:
                 run.errors += 1
                 await resp.read()
@@ -153,21 +225,17 @@ def _sum(text: str, name: str) -> float:
     return sum(float(v) for v in pattern.findall(text))
 
 
-async def _load(url: str, engines: list[str], rate: float, duration: float, seed: int,
-                run: Run) -> None:  # fmt: skip
-    rng = random.Random(seed)
+async def _load(url: str, engines: list[str], schedule: list[float], run: Run) -> None:
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.perf_counter()
-        at, i, tasks = 0.0, 0, []
-        while at < duration:
+        tasks = []
+        for i, at in enumerate(schedule):  # against the absolute start: no drift
             delay = t0 + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(_one(session, url, i, run)))
-            i += 1
-            at += rng.expovariate(rate)
         await asyncio.gather(*tasks)
         text = await _metrics(session, url)
         run.router = {
@@ -197,21 +265,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-rate", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat-none", action="store_true", help="an A/A pair of `none` runs")
+    p.add_argument("--simulated-only", action="store_true", help="no live runs")
     args = p.parse_args(argv)
     for load, rate, duration in (("moderate", args.rate, args.duration),
                                  ("saturated", args.saturate, args.saturate_duration)):  # fmt: skip
         print(f"\n{load}: {rate:g} requests/s for {duration:g} s, {args.stall_rate:.0%} of "
               f"requests stalling {args.stall:g} s before the first token\n")  # fmt: skip
         print(HEADER, flush=True)
-        labels = ["none", "none"] if args.repeat_none else ["none"]
-        for label in [*labels, "deadline", "hedge"]:
-            run = Run(label)
-            with _processes(args.stall, args.stall_rate, DEFENCES[label], args.seed) as (
-                url,
-                engines,
-            ):
-                asyncio.run(_load(url, engines, rate, duration, args.seed, run))
-            print(run.row(), flush=True)
+        schedule = _schedule(rate, duration, args.seed)
+        labels = ["none", "none"] if args.repeat_none and not args.simulated_only else ["none"]
+        for i, label in enumerate([*labels, "deadline", "hedge"]):
+            tail = DEFENCES[label]
+            if not args.simulated_only:
+                run = Run(label)
+                with _processes(args.stall, args.stall_rate, tail, args.seed) as (url, engines):
+                    asyncio.run(_load(url, engines, schedule, run))
+                print(run.row(), flush=True)
+            if i == 0 and label == "none" and len(labels) == 2:
+                continue  # the A/A pair's first: one simulated row for both
+            sim = _simulated(schedule, args.stall, args.stall_rate, tail, args.seed)
+            sim.label = f"{label} (sim)"
+            print(sim.row(), flush=True)
     return 0
 
 
