@@ -101,6 +101,10 @@ def test_capture_then_replay_under_two_policies(
     results = tmp_path / "results.jsonl"
     with start_router(_router_config(tmp_path, emulators, tmp_path / "c2.jsonl")) as router:
         args = ["--target", router.url, "--policy", "round-robin", "--policy", "class-split"]
+        # One block a run and no warm-up: a warm-up or a block's lead-in is sent through the
+        # router unmeasured and takes round-robin turns too, so the measured split would
+        # depend on how many of them the capture's timing put before each block.
+        args += ["--warmup", "0", "--blocks", "1"]
         args += ["--speed", "4", "--out", str(out), "--results", str(results)]
         p = run_replay(str(capture), *args)
     assert p.returncode == 0, p.stderr
@@ -116,11 +120,7 @@ def test_capture_then_replay_under_two_policies(
     def served(run: dict[str, Any]) -> dict[str, int]:
         return {name: b["requests"] for name, b in run["by_backend"].items()}
 
-    # Alternating to within one turn: once in three fresh-clone runs (2026-12-02) the split
-    # came out 8/10, a turn lost somewhere in the run; not yet explained.
-    split = served(rr)
-    assert split.keys() == {"deepinfer", "vllm"} and sum(split.values()) == n
-    assert abs(split["deepinfer"] - split["vllm"]) <= 2
+    assert served(rr) == {"deepinfer": n // 2, "vllm": n // 2}
     assert served(cs) == {"deepinfer": n // 3, "vllm": 2 * n // 3}
     assert set(cs["by_backend"]["deepinfer"]["by_class"]) == {"batch"}
     assert "| round-robin" in p.stdout and "Class batch" in p.stdout
