@@ -24,12 +24,13 @@ from policies.base import (
     Picker,
     PipelineObserver,
     Scorer,
+    SharesLearning,
     SharesPlacement,
 )
 from policies.candidates import healthy, names_of
 from policies.pickers import MaxScorePicker, RoundRobinPicker
 from policies.sampling import Drawn, Sampling, draw, draw_tiers
-from policies.types import Candidate, Decision, Outcome, RequestClass, RequestInfo
+from policies.types import Candidate, Decision, Lesson, Outcome, RequestClass, RequestInfo
 
 NO_HEALTHY = "no healthy candidate"
 
@@ -93,6 +94,9 @@ class PipelinePolicy:
     shares_placement: bool = field(init=False)
     """A plugin learns from the placements of other router processes (:meth:`learn`)."""
     _sharers: tuple[SharesPlacement, ...] = field(init=False)
+    shares_learning: bool = field(init=False)
+    """A plugin learns from the outcomes of other router processes (:meth:`taught`)."""
+    _teachers: tuple[SharesLearning, ...] = field(init=False)
     _nominators: tuple[Nominates, ...] = field(init=False)
     _filter_runs: tuple[_FilterRun, ...] = field(init=False)
     _scorer_runs: tuple[tuple[Scorer, float, _Timer], ...] = field(init=False)
@@ -105,6 +109,8 @@ class PipelinePolicy:
         self.reads_prefix = any(getattr(p, "reads_prefix", False) for p in plugins)
         self._sharers = tuple(p for p in plugins if isinstance(p, SharesPlacement))
         self.shares_placement = bool(self._sharers)
+        self._teachers = tuple(p for p in plugins if isinstance(p, SharesLearning))
+        self.shares_learning = bool(self._teachers)
         self._nominators = tuple(p for p in plugins if isinstance(p, Nominates))
         name, obs = self.name, self.observer
         self._filter_runs = tuple(
@@ -193,6 +199,16 @@ class PipelinePolicy:
         """Forward to every plugin that shares its placements (:class:`SharesPlacement`)."""
         for plugin in self._sharers:
             plugin.learn(backend, blocks)
+
+    def lesson(self, req: RequestInfo, backend: str, outcome: Outcome) -> Lesson | None:
+        """The first learning plugin's lesson (:class:`SharesLearning`; they read one
+        outcome alike but for what each noted queued ahead)."""
+        return self._teachers[0].lesson(req, backend, outcome) if self._teachers else None
+
+    def taught(self, lesson: Lesson) -> None:
+        """Forward to every plugin that shares its learning."""
+        for plugin in self._teachers:
+            plugin.taught(lesson)
 
     def forget(self, backend: str) -> None:
         """Forward to every plugin that keeps figures per backend (:class:`Forgets`)."""

@@ -17,7 +17,7 @@ from policies.signals import (
     outstanding_tokens,
     queue_depths,
 )
-from policies.types import Candidate, Outcome, RequestClass, RequestInfo, group_of
+from policies.types import Candidate, Lesson, Outcome, RequestClass, RequestInfo, group_of
 from turnout.common.schema import Reader
 
 
@@ -73,6 +73,16 @@ class PredictedTtftScorer:
 
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         self.predictor.observe(req, backend, outcome)
+
+    def lesson(self, req: RequestInfo, backend: str, outcome: Outcome) -> Lesson | None:
+        """What ``req`` teaches the router's other processes (policies.base.SharesLearning);
+        None for a backend not configured here."""
+        if group_of(backend) not in self.predictor.priors:
+            return None
+        return self.predictor.lesson(req, backend, outcome)
+
+    def taught(self, lesson: Lesson) -> None:
+        self.predictor.learn(lesson)
 
     def forget(self, backend: str) -> None:
         self.predictor.forget(backend)

@@ -20,7 +20,7 @@ from policies.scorers import LoadScorer, PredictedTtftScorer
 from policies.signals import inflight
 from policies.testing import make_candidate as cand
 from policies.testing import make_request, send
-from policies.types import Candidate, RequestInfo
+from policies.types import Candidate, Outcome, RequestInfo
 
 BACKENDS = (BackendInfo("a", "vllm"), BackendInfo("b", "vllm"), BackendInfo("c", "deepinfer"))
 
@@ -192,3 +192,28 @@ def test_learners_still_get_outcomes_when_observed() -> None:
     assert isinstance(policy, PipelinePolicy)
     assert [type(learner) for learner in policy.learners] == [PredictedTtftScorer]
     assert recorder.bound == [("p", "scorer", "predicted-ttft"), ("p", "picker", "max-score")]
+
+
+def test_a_pipelines_predicted_ttft_learns_what_another_instance_teaches() -> None:
+    """Two processes' instances of one pipeline: the lessons of one's requests move the
+    other's predicted-ttft scores as its own would (policies.base.SharesLearning)."""
+    params = {"scorers": [{"type": "predicted-ttft", "params": {"prefill_rate_prior": 10_000}}]}
+    served, taught = (build_policy("p", "pipeline", params, BACKENDS) for _ in range(2))
+    assert isinstance(served, PipelinePolicy) and isinstance(taught, PipelinePolicy)
+    assert served.shares_learning and taught.shares_learning
+    cands = [cand(b.name) for b in BACKENDS]
+    slow = BACKENDS[0].name
+    for i in range(30):
+        req = make_request(request_id=f"r{i}", prompt_tokens=1000)
+        decision = served.choose(req, cands)
+        served.committed(req, decision, slow)
+        outcome = Outcome(200, True, 1000, 10, ttft_s=2.0)
+        lesson = served.lesson(req, slow, outcome)
+        assert lesson is not None
+        served.on_finish(req, slow, outcome)
+        taught.taught(lesson)
+    asked = make_request(request_id="q", prompt_tokens=1000)
+    fresh = build_policy("p", "pipeline", params, BACKENDS)
+    assert fresh.choose(asked, cands).ranked[0] == slow  # untaught: the first of equals
+    assert served.choose(asked, cands).ranked[0] != slow
+    assert taught.choose(asked, cands).scores == served.choose(asked, cands).scores
