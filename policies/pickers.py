@@ -42,7 +42,11 @@ class RoundRobinPicker:
         start = self._turn % n
         if limit >= n:
             return [*names[start:], *names[:start]]
-        return [names[(start + i) % n] for i in range(limit)]
+        # Two slices, not a step per name: a sampled ranking's worth of names from ``start``.
+        window = list(names[start : start + limit])
+        if len(window) < limit:  # past the end: the rest from the start
+            window += names[: limit - len(window)]
+        return window
 
     def committed(self, req: RequestInfo, candidates: Sequence[Candidate], backend: str) -> None:
         self._turn += 1

@@ -4,13 +4,14 @@ attempts it makes, each with the body it sends (router.proxy.handler)."""
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from policies.base import Policy
 from policies.types import RequestInfo
 from router.control.auth import Tenant
 from router.control.classify import Parsed
 from router.control.fair import engine_priority
-from router.control.plan import Plan, Refusal, plan
+from router.control.plan import Attempt, Plan, Refusal, plan
 from router.proxy.body import asks_usage, upstream_body
 from router.proxy.state import RouterState, Snapshot
 from router.proxy.upstream import Target
@@ -58,23 +59,29 @@ def plan_timed(state: RouterState, policy: Policy, info: RequestInfo, max_attemp
 def with_bodies(
     planned: Plan, parsed: Parsed, raw: bytes, path: str, add_usage: bool, band: int
 ) -> list[Target]:
-    """The plan's attempts with the bodies they send to ``path`` on each backend;
-    ``add_usage``: each body asks for the stream's usage (:func:`router_asks_usage`);
-    ``band``: the caller's priority band, which moves the ``priority`` field of engines that
-    schedule by it."""
+    """The plan's attempts with the bodies they send to ``path`` on each backend, each made
+    when its attempt is (:class:`Target`); ``add_usage``: each body asks for the stream's
+    usage (:func:`router_asks_usage`); ``band``: the caller's priority band, which moves the
+    ``priority`` field of engines that schedule by it."""
     return [
         Target(
             a.backend,
             a.backend.spec.url + path,
-            upstream_body(
-                raw,
-                parsed.doc,
-                model=a.model,
-                priority=engine_priority(planned.priority(a.backend), band)
-                if a.backend.spec.priority_capable
-                else None,
-                add_usage=add_usage,
-            ),
+            partial(_body, planned, a, parsed, raw, add_usage, band),
         )
         for a in planned.attempts
     ]
+
+
+def _body(
+    planned: Plan, attempt: Attempt, parsed: Parsed, raw: bytes, add_usage: bool, band: int
+) -> bytes:
+    backend = attempt.backend
+    priority = planned.priority(backend)
+    return upstream_body(
+        raw,
+        parsed.doc,
+        model=attempt.model,
+        priority=engine_priority(priority, band) if backend.spec.priority_capable else None,
+        add_usage=add_usage,
+    )

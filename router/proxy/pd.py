@@ -288,7 +288,7 @@ async def _decode(
         hops.decode_sent = time.monotonic()
         hops.handoff_s = hops.decode_sent - ready
         try:
-            opened = await _open(req, [replace(target, body=body)])
+            opened = await _open(req, [Target(target.backend, target.url, body)])
             return replace(opened, failovers=attempts)
         except UpstreamFailed as exc:
             attempts += 1

@@ -127,13 +127,28 @@ def replacement_error(status: int, body: bytes, backend: str) -> UpstreamFault |
     )
 
 
-@dataclass(frozen=True, slots=True)
 class Target:
-    """One attempt's destination: a backend and the exact body bytes it gets."""
+    """One attempt's destination: a backend and the exact body bytes it gets.
 
-    backend: BackendState
-    url: str
-    body: bytes
+    The body may be given as the function that makes it, called when the attempt first reads
+    it: most requests are served by their first attempt, so they make one body however long
+    their failover order is (it grows with the fleet up to ``max_attempts``).
+    """
+
+    __slots__ = ("_body", "_make", "backend", "url")
+
+    def __init__(self, backend: BackendState, url: str, body: bytes | Callable[[], bytes]):
+        self.backend = backend
+        self.url = url
+        self._body: bytes | None = body if isinstance(body, bytes) else None
+        self._make: Callable[[], bytes] | None = None if isinstance(body, bytes) else body
+
+    @property
+    def body(self) -> bytes:
+        if self._body is None:
+            assert self._make is not None  # one of the two is set, always
+            self._body, self._make = self._make(), None
+        return self._body
 
 
 @dataclass(frozen=True, slots=True)

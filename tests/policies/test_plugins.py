@@ -164,3 +164,21 @@ def test_round_robin_picker_rotates_and_keeps_failover_order() -> None:
         picker.committed(req, [c for c, _ in pairs], got[-1][0])
     assert got == [[A, B, C], [B, C, A], [C, A, B], [A, B, C]]
     assert picker.pick(make_request(), []) == []
+
+
+def test_round_robin_rotation_cut_to_a_limit_wraps_past_the_end() -> None:
+    """A sampled ranking's rotation: ``limit`` names from the head on, in turn, wrapping."""
+    picker = RoundRobinPicker()
+    names = ("n0", "n1", "n2", "n3", "n4")
+    got = []
+    for _ in range(6):
+        got.append(picker.rotate(names, 3))
+        picker.committed(make_request(), [], got[-1][0])
+    assert got == [
+        ["n0", "n1", "n2"],
+        ["n1", "n2", "n3"],
+        ["n2", "n3", "n4"],
+        ["n3", "n4", "n0"],
+        ["n4", "n0", "n1"],
+        ["n0", "n1", "n2"],
+    ]
