@@ -2,7 +2,7 @@
 
     python -m benchmarks.tail [--rate 10] [--duration 40] [--saturate 30] [--saturate-duration 20]
                               [--stall 5] [--stall-rate 0.02] [--seed 0] [--repeat-none]
-                              [--simulated-only]
+                              [--simulated-only] [--runs none,deadline,hedge,auto,p95]
 
 Two vLLM emulators (one rank of ``max_num_seqs=4`` each, about 23 requests/s between them,
 so that a saturating rate stays within what one Python client sends), each stalling
@@ -12,7 +12,10 @@ front, round-robin, and per run one of:
 
 - ``none``: no ``tail`` settings;
 - ``deadline``: ``first_token_timeout: 1.0``;
-- ``hedge``: ``hedge: {after: 0.3, max_fraction: 0.05}``.
+- ``hedge``: ``hedge: {after: 0.3, max_fraction: 0.05}``;
+- ``auto``: ``first_token_timeout: auto`` (``auto_max: 2``), and ``p95``: ``hedge: {after:
+  p95, max_fraction: 0.05}``, only when ``--runs`` names them (it picks the runs, in order;
+  the default is ``none,deadline,hedge``).
 
 Open-loop Poisson arrivals of streamed chat requests (the same schedule for every run: a
 distinct 40-word prompt each, 32 output tokens), at a moderate ``--rate`` and then at a
@@ -64,6 +67,9 @@ DEFENCES: dict[str, dict[str, Any]] = {
     "none": {},
     "deadline": {"first_token_timeout": 1.0},
     "hedge": {"hedge": {"after": 0.3, "max_fraction": 0.05}},
+    # the deadline and the hedge delay from measured TTFTs (only when --runs names them)
+    "auto": {"first_token_timeout": "auto", "auto_max": 2.0},
+    "p95": {"hedge": {"after": "p95", "max_fraction": 0.05}},
 }
 OUTPUT = 32
 
@@ -266,22 +272,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat-none", action="store_true", help="an A/A pair of `none` runs")
     p.add_argument("--simulated-only", action="store_true", help="no live runs")
+    p.add_argument("--runs", default="none,deadline,hedge", help="of: " + ",".join(DEFENCES))
     args = p.parse_args(argv)
+    runs = args.runs.split(",")
+    if not runs or any(r not in DEFENCES for r in runs):
+        p.error(f"--runs takes names of: {', '.join(DEFENCES)}")
     for load, rate, duration in (("moderate", args.rate, args.duration),
                                  ("saturated", args.saturate, args.saturate_duration)):  # fmt: skip
         print(f"\n{load}: {rate:g} requests/s for {duration:g} s, {args.stall_rate:.0%} of "
               f"requests stalling {args.stall:g} s before the first token\n")  # fmt: skip
         print(HEADER, flush=True)
         schedule = _schedule(rate, duration, args.seed)
-        labels = ["none", "none"] if args.repeat_none and not args.simulated_only else ["none"]
-        for i, label in enumerate([*labels, "deadline", "hedge"]):
+        pair = args.repeat_none and not args.simulated_only
+        labels = [x for r in runs for x in ([r, r] if pair and r == "none" else [r])]
+        for i, label in enumerate(labels):
             tail = DEFENCES[label]
             if not args.simulated_only:
                 run = Run(label)
                 with _processes(args.stall, args.stall_rate, tail, args.seed) as (url, engines):
                     asyncio.run(_load(url, engines, schedule, run))
                 print(run.row(), flush=True)
-            if i == 0 and label == "none" and len(labels) == 2:
+            if i + 1 < len(labels) and labels[i + 1] == label:
                 continue  # the A/A pair's first: one simulated row for both
             sim = _simulated(schedule, args.stall, args.stall_rate, tail, args.seed)
             sim.label = f"{label} (sim)"
