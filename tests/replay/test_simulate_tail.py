@@ -142,3 +142,20 @@ def test_the_command_reports_what_the_defences_did(tmp_path: Path) -> None:
         "hedges": 0, "hedges_won": 0, "cancelled": 0, "wasted_tokens": 0, "missed": 1, "extra": 1,
     }  # fmt: skip
     assert run["by_backend"].keys() == {"b"}
+
+
+def test_measured_deadlines_and_hedge_delays_follow_the_winners_ttfts(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", rate=10, duration=30)
+    pair = [_backend("e0", 0.02, 0), _backend("e1", 0.02, 1)]
+    none, _, _ = _run(trace, {}, pair)
+    auto, counts, _ = _run(trace, {"first_token_timeout": "auto", "auto_max": 2.0}, pair)
+    assert _p99(auto) < 1.0 < _p99(none)  # at auto_min (0.5 s) once quick answers were measured
+    assert counts.missed > 0 and counts.extra == counts.missed
+    # A ceiling above the stalls: one waited out is measured, and the stalls are the P99.
+    high, counts, _ = _run(trace, {"first_token_timeout": "auto", "auto_max": 10.0}, pair)
+    assert _p99(high) > STALL
+    # Percentile delays alike: a P95 leaves 5% behind it, which spends a 5% budget before the
+    # stalls come; a P99.9 is a stall once one was waited out before 20 answers.
+    for q in ("p95", "p99.9"):
+        hedged, counts, _ = _run(trace, {"hedge": {"after": q, "max_fraction": 0.05}}, pair)
+        assert counts.hedges > 0 and _p99(hedged) > STALL
