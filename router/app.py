@@ -363,6 +363,7 @@ async def _lifespan(
         )
         await writer.start()
     state.started(session, connections, writer)
+    state.admission.listen()  # another worker may ring for this one's first waiter
     store = state.gate.store  # a reload's gate keeps it
     await store.start()
     monitor = HealthMonitor(session, state.config.health)
@@ -387,6 +388,7 @@ async def _lifespan(
     try:
         yield
     finally:
+        state.admission.close()
         state.placement = None
         await feed.aclose()
         if load is not None:

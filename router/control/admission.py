@@ -19,6 +19,11 @@ tenant over it treats those slots as full, and a slot freed for it wakes the nex
 that may take it instead. A request counts as its tenant's from its admission until its
 :class:`Seat` is left (however many hops it takes).
 
+Across the workers of a router (a shared ledger, router.control.fair_shared) each worker
+publishes its first waiter per class; a slot freed in one worker goes to the router's first
+waiter: when another worker's goes before its own, that worker's doorbell is rung and it wakes
+its first waiter at once (:meth:`Admission.listen`).
+
 The queues themselves (:class:`WaitQueues`) hold no clock and no event loop, so ``replay
 simulate`` runs the same queues, limits and refusals on its virtual clock.
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -38,6 +44,7 @@ from router.config.model import AdmissionSettings
 from router.control.fair import (
     NOBODY,
     FairQueue,
+    Head,
     Holding,
     Ledger,
     LocalLedger,
@@ -138,6 +145,10 @@ class WaitQueues(Generic[W]):
                 return waiter
         return None
 
+    def head(self, cls: RequestClass) -> Head | None:
+        """Whom :meth:`pop` would take of ``cls`` (router.control.fair.FairQueue.head)."""
+        return self._queues[cls].head()
+
     def put_back(self, waiter: W) -> None:
         """Queue a waiter :meth:`pop` took out again, with its turn (it was passed over)."""
         for queue in self._queues.values():
@@ -195,20 +206,34 @@ class Admission:
     ) -> None:
         """``ledger``: the fair queues' counters (default: this process's own). ``poll``:
         while requests wait, wake the first every ``poll`` seconds to look again, for slots
-        freed where no :meth:`release` is called (another worker of the router)."""
+        freed where no :meth:`release` is called (another router replica) or that the waiter
+        another worker was rung for could not take."""
         self.settings = settings
-        self.queues: WaitQueues[asyncio.Future[None]] = WaitQueues(settings, ledger)
+        self._ledger = ledger if ledger is not None else LocalLedger()
+        self._bell: int | None = None
+        self.queues: WaitQueues[asyncio.Future[None]] = WaitQueues(settings, self._ledger)
         self._poll = poll
         self._poller: asyncio.Task[None] | None = None
-        # A seated waiter's look at its own options (WaitQueues.room, bound to them): a
-        # release passes over one that would find none.
+        # Each waiter's look at its own options (a seated one's WaitQueues.room, bound to
+        # them): a release passes over one that would find none.
         self._rooms: dict[asyncio.Future[None], Callable[[float], int | None]] = {}
 
     async def _polling(self, every: float) -> None:
+        stalled = False
         while any(self.queues.waiting(cls) for cls in REQUEST_CLASSES):
             await asyncio.sleep(every)
-            self.release()
+            stalled = self._look(stalled)
         self._poller = None
+
+    def _look(self, stalled: bool) -> bool:
+        """A poll's look for a slot freed unseen: this worker's first waiter that may take
+        one is woken, unless another worker's goes first, which is left a period to take it;
+        True: it was (and a waiter here could have)."""
+        if self._ahead() is None or stalled:
+            self._wake()
+            return False
+        now = time.monotonic()
+        return any(room(now) is not None for room in self._rooms.values())
 
     def waiting(self, cls: RequestClass) -> int:
         """Requests of ``cls`` waiting now."""
@@ -258,6 +283,8 @@ class Admission:
             queues.hold(cls, share, 0, now)  # seen: it shares the class while it waits
             if seat is not None:
                 self._rooms[waiter] = partial(queues.room, cls, options, share)
+            else:
+                self._rooms[waiter] = partial(_first_free, options)
             if self._poll is not None and self._poller is None:
                 self._poller = asyncio.create_task(self._polling(self._poll))
             try:
@@ -285,20 +312,69 @@ class Admission:
         self.release()
 
     def release(self) -> None:
-        """A backend slot may have freed up: wake the first waiter (interactive first) that
-        may take it; those passed over (a reserved slot is not theirs) keep their turn."""
+        """A backend slot may have freed up: it goes to the router's first waiter,
+        interactive first; when another worker's goes before this one's, that worker is
+        rung to wake it."""
+        other = self._ahead()
+        if other is not None:
+            self._ledger.ring(other)
+        else:
+            self._wake()
+
+    def _ahead(self) -> int | None:
+        """The worker whose first waiter goes before every one of this worker's, if
+        another's does (interactive first)."""
+        for cls in REQUEST_CLASSES:
+            head = self.queues.head(cls)
+            other = self._ledger.ahead(cls, head)
+            if other is not None or head is not None:
+                return other
+        return None
+
+    def _wake(self) -> bool:
+        """Wake this process's first waiter that may take a slot; those passed over (a
+        reserved slot is not theirs) keep their turn. False: none was woken."""
         passed: list[asyncio.Future[None]] = []
         now = time.monotonic()
+        woken = False
         while (waiter := self.queues.pop()) is not None:
             if waiter.done():
                 continue
             room = self._rooms.get(waiter)
-            if room is None or room(now) is not None:
+            if room is None or room(now) is not None:  # None: gone meanwhile
                 waiter.set_result(None)
+                woken = True
                 break
             passed.append(waiter)
         for waiter in reversed(passed):
             self.queues.put_back(waiter)
+        return woken
+
+    def listen(self) -> None:
+        """Wake a waiter here whenever another worker rings (see :meth:`release`); on the
+        event loop, until :meth:`close`."""
+        bell = self._ledger.bell()
+        if bell is not None:
+            asyncio.get_running_loop().add_reader(bell, self._rung, bell)
+            self._bell = bell
+
+    def close(self) -> None:
+        if self._bell is not None:
+            asyncio.get_running_loop().remove_reader(self._bell)
+            self._bell = None
+
+    def _rung(self, bell: int) -> None:
+        try:
+            slots = os.eventfd_read(bell)
+        except BlockingIOError:  # another reader of a shared counter took it
+            return
+        for _ in range(slots):
+            if not self._wake():
+                return
+
+
+def _first_free(options: Sequence[OnBackend], now: float) -> int | None:
+    return first_free(options)
 
 
 def _loop_time(deadline: float) -> float:

@@ -9,9 +9,10 @@ the Virtual Token Counter of Sheng et al., "Fairness in Serving Large Language M
 every request of the class that is admitted, whether it waited or not, adds its prompt
 tokens plus :data:`OUTPUT_WEIGHT` times its output budget, divided by the key's ``weight``
 (a key of weight 2 gets twice the share of one of weight 1). A tenant that starts waiting
-has its counter lifted to the smallest counter among those already waiting (to the last
-served one's when none is), so credit is not saved up while idle: a tenant back after an
-hour does not get an hour's worth of requests ahead of everyone.
+has its counter lifted to the smallest counter among those already waiting (of other
+workers, their first waiters'; to the last served one's when none is), so credit is not
+saved up while idle: a tenant back after an hour does not get an hour's worth of requests
+ahead of everyone.
 
 While tenants share a class, a backend's last ``reserve`` free slots (the class's
 ``admission`` setting) go only to a tenant holding fewer of the class's requests in flight
@@ -54,6 +55,8 @@ class Share:
 
 
 NOBODY = Share()
+Head = tuple[int, str | None]
+"""A queue's first waiter: its band and tenant."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,23 @@ class Ledger(Protocol):
         than ``bound`` wait in the router; False: the queue is full. Checking and holding are
         one step, so two workers cannot both take the last place."""
 
+    def publish(self, cls: str, head: Head | None) -> None:
+        """The waiter this process would wake first in ``cls`` now (None: none waits)."""
+
+    def ahead(self, cls: str, head: Head | None) -> int | None:
+        """The worker whose first waiter in ``cls`` goes before ``head`` (this process's),
+        if another's does; it is told with :meth:`ring`."""
+
+    def floor(self, cls: str) -> float | None:
+        """The smallest service among the other workers' first waiters in ``cls`` (None:
+        none waits there), which a tenant starting to wait is lifted to as well."""
+
+    def ring(self, worker: int) -> None:
+        """Tell ``worker`` that a slot freed for its first waiter."""
+
+    def bell(self) -> int | None:
+        """The descriptor that is readable when another worker rang this one (None: alone)."""
+
     def hold(self, key: tuple[str, str | None], weight: float, delta: int, now: float) -> None:
         """The tenant of ``key`` (of ``weight``) has ``delta`` more requests in flight in the
         class, or begins to wait there (``delta`` 0), at ``now``."""
@@ -125,6 +145,21 @@ class LocalLedger:
 
     def join(self, cls: str, own: int, bound: int) -> bool:
         return own < bound
+
+    def publish(self, cls: str, head: Head | None) -> None:
+        pass  # one process: no other worker reads it
+
+    def ahead(self, cls: str, head: Head | None) -> int | None:
+        return None
+
+    def floor(self, cls: str) -> float | None:
+        return None
+
+    def ring(self, worker: int) -> None:
+        raise ValueError("one process has no other worker to ring")
+
+    def bell(self) -> int | None:
+        return None
 
     def hold(self, key: tuple[str, str | None], weight: float, delta: int, now: float) -> None:
         cls, tenant = key
@@ -181,18 +216,21 @@ class FairQueue(Generic[W]):
         own = tenants.get(share.tenant)
         if own is None:  # starts waiting: no credit saved up meanwhile
             waiting = [self._ledger.get((self._cls, t)) for t in tenants]
+            elsewhere = self._ledger.floor(self._cls)  # the router's, not this worker's alone
+            if elsewhere is not None:
+                waiting.append(elsewhere)
             self._ledger.lift((self._cls, share.tenant), min(waiting, default=self._last))
             own = tenants[share.tenant] = deque()
         own.appendleft(waiter) if front else own.append(waiter)
         self._where[waiter] = share
-        self._ledger.queued(self._cls, self._count())
+        self._changed()
 
     def discard(self, waiter: W) -> None:
         woken = self._woken.pop(waiter, None) is not None
         share = self._where.pop(waiter, None)
         if share is None:
             if woken:
-                self._ledger.queued(self._cls, self._count())
+                self._changed()
             return
         tenants = self._bands[share.band]
         own = tenants[share.tenant]
@@ -201,23 +239,35 @@ class FairQueue(Generic[W]):
             del tenants[share.tenant]
             if not tenants:
                 del self._bands[share.band]
-        self._ledger.queued(self._cls, self._count())
+        self._changed()
 
-    def pop(self) -> W | None:
-        """The next waiter out of the queue: of the highest band, the least served tenant's
-        first (ties: the tenant waiting longest). It still counts as waiting until it is put
-        back or discarded, whichever its owner does once it has looked for room."""
+    def _changed(self) -> None:
+        self._ledger.queued(self._cls, self._count())
+        self._ledger.publish(self._cls, self.head())
+
+    def head(self) -> Head | None:
+        """Whom :meth:`pop` would take: the highest band's least served tenant (ties: the
+        one waiting longest); None when none waits."""
         if not self._bands:
             return None
-        tenants = self._bands[max(self._bands)]
+        band = max(self._bands)
         ledger, cls = self._ledger, self._cls
-        tenant = min(tenants, key=lambda t: ledger.get((cls, t)))
-        waiter = tenants[tenant][0]
-        self._last = ledger.get((cls, tenant))
+        return band, min(self._bands[band], key=lambda t: ledger.get((cls, t)))
+
+    def pop(self) -> W | None:
+        """The next waiter out of the queue (:meth:`head`'s first). It still counts as
+        waiting until it is put back or discarded, whichever its owner does once it has
+        looked for room."""
+        head = self.head()
+        if head is None:
+            return None
+        band, tenant = head
+        waiter = self._bands[band][tenant][0]
+        self._last = self._ledger.get((self._cls, tenant))
         share = self._where[waiter]
         self.discard(waiter)
         self._woken[waiter] = share  # counted until put back or discarded
-        self._ledger.queued(cls, self._count())
+        self._ledger.queued(self._cls, self._count())
         return waiter
 
     def put_back(self, waiter: W) -> bool:
@@ -232,6 +282,8 @@ class FairQueue(Generic[W]):
     def served(self, share: Share, prompt_tokens: int, output_tokens: int) -> None:
         """A request of ``share`` was admitted (waited or not): count its service."""
         self._ledger.add((self._cls, share.tenant), share.cost(prompt_tokens, output_tokens))
+        if self._bands:  # who goes first may have changed
+            self._ledger.publish(self._cls, self.head())
 
     def shed(self, band: int) -> W | None:
         """Take out and return the youngest waiter of the lowest band waiting, if that band is

@@ -24,7 +24,7 @@ import mmap
 import os
 
 from policies.types import REQUEST_CLASSES
-from router.control.fair import Holding, LocalLedger
+from router.control.fair import Head, Holding, LocalLedger
 from router.control.quota import RecordLock, claim_row, row_key
 
 log = logging.getLogger("router")
@@ -33,6 +33,8 @@ ROWS = 4096
 TENANTS = 256
 """Tenants a class's in-flight table holds (keys beyond it count per worker)."""
 _QUEUED = "\0queued"
+_HEAD, _HEAD_ROW = "\0head", "\0head-row"
+_BAND0 = 1000.0  # a head's band is stored as band + _BAND0 (bands are -100..100), 0: none
 _KEY, _WEIGHT, _SEEN, _HELD = 0, 1, 2, 3
 
 
@@ -57,13 +59,16 @@ class SharedFairness:
         os.ftruncate(self._held_fd, held)
         self._held_mem = mmap.mmap(self._held_fd, held)
         self._held = memoryview(self._held_mem).cast("d")
+        # A doorbell per worker: another worker rings it for a slot that this one's first
+        # waiter should take (it goes before the ringer's own).
+        self._bells = tuple(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(workers))
 
     def ledger(self, worker: int) -> SharedLedger:
         if not 0 <= worker < self.workers:
             raise ValueError(f"worker {worker} of {self.workers}")
         lock = RecordLock(self._fd)
         held = HeldTable(self._held, self.workers, worker, RecordLock(self._held_fd))
-        return SharedLedger(self._words, self._width, worker, lock, held)
+        return SharedLedger(self._words, self._width, worker, lock, held, self._bells)
 
     def clear(self, worker: int) -> None:
         """Zero worker ``worker``'s waiting and in-flight counts (it died, and its requests
@@ -136,9 +141,16 @@ class SharedLedger:
     """One worker's handle: a :class:`router.control.fair.Ledger` over every worker's."""
 
     def __init__(
-        self, words: memoryview[float], width: int, worker: int, lock: RecordLock, held: HeldTable
+        self,
+        words: memoryview[float],
+        width: int,
+        worker: int,
+        lock: RecordLock,
+        held: HeldTable,
+        bells: tuple[int, ...],
     ) -> None:
         self.held = held
+        self._bells = bells
         self._words = words
         self._width = width
         self._worker = worker
@@ -192,6 +204,51 @@ class SharedLedger:
             words[mine] = float(own + 1)
         return True
 
+    def publish(self, cls: str, head: Head | None) -> None:
+        band_at, row_at = self._row(cls + _HEAD), self._row(cls + _HEAD_ROW)
+        if band_at is None or row_at is None:
+            return  # a full table: this worker's waiters are woken by its own slots alone
+        column = 1 + self._worker
+        if head is None:
+            self._words[band_at + column] = 0.0
+            return
+        counter = self._row(_name((cls, head[1])))
+        self._words[row_at + column] = 0.0 if counter is None else float(counter + 1)
+        self._words[band_at + column] = head[0] + _BAND0
+
+    def ahead(self, cls: str, head: Head | None) -> int | None:
+        best, best_rank = None, None
+        if head is not None:
+            best_rank = (head[0], -self.get((cls, head[1])))
+        for worker, band, served in self._heads(cls):
+            if best_rank is None or (band, -served) > best_rank:  # a tie stays here: no ring
+                best, best_rank = worker, (band, -served)
+        return best
+
+    def floor(self, cls: str) -> float | None:
+        return min((served for _, _, served in self._heads(cls)), default=None)
+
+    def _heads(self, cls: str) -> list[tuple[int, int, float]]:
+        """The other workers' first waiters in ``cls``: (worker, band, service)."""
+        band_at, row_at = self._row(cls + _HEAD), self._row(cls + _HEAD_ROW)
+        if band_at is None or row_at is None:
+            return []
+        words, width, out = self._words, self._width, []
+        for worker in range(width - 1):
+            band = words[band_at + 1 + worker]
+            if worker == self._worker or band == 0.0:
+                continue
+            counter = int(words[row_at + 1 + worker])
+            served = sum(words[counter : counter - 1 + width]) if counter else 0.0
+            out.append((worker, int(band - _BAND0), served))
+        return out
+
+    def ring(self, worker: int) -> None:
+        os.eventfd_write(self._bells[worker], 1)
+
+    def bell(self) -> int | None:
+        return self._bells[self._worker]
+
     def hold(self, key: tuple[str, str | None], weight: float, delta: int, now: float) -> None:
         self.held.hold(key, weight, delta, now)
 
@@ -200,9 +257,10 @@ class SharedLedger:
 
     def clear_queued(self) -> None:
         for cls in REQUEST_CLASSES:
-            at = self._row(cls + _QUEUED)
-            if at is not None:
-                self._words[at + 1 + self._worker] = 0.0
+            for name in (_QUEUED, _HEAD):
+                at = self._row(cls + name)
+                if at is not None:
+                    self._words[at + 1 + self._worker] = 0.0
 
     def _row(self, name: str) -> int | None:
         """The first word of counter ``name``'s row, claimed if new; None: the table is full."""

@@ -1,13 +1,15 @@
 """Fair shares of a class's slots through a real router of two workers in front of a real
 emulator: a heavy tenant's flood leaves a backend's reserved slot to a light tenant sharing
-the class, and takes every slot when it is alone (admission's ``reserve``). Every request
-goes over a fresh connection, so the kernel spreads them over both workers."""
+the class, and takes every slot when it is alone (admission's ``reserve``); a slot freed in
+one worker goes to the router's first waiter, whichever worker holds it. Every request goes
+over a fresh connection, so the kernel spreads them over both workers."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +19,18 @@ from tests.procs import Emulator, metric, start_emulator, wait_for
 from tests.router.harness import Reply, base_config, post, start_router, write_config
 
 MODEL = "deepseek-v4.1-flash"
-HEAVY, LIGHT = "sk-fair-heavy", "sk-fair-light"
-LONG = 1500  # tokens: a heavy answer streams for seconds, a light one is over at once
+HEAVY, LIGHT, VIP = "sk-fair-heavy", "sk-fair-light", "sk-fair-vip"
+LONG = 3000  # tokens: a heavy answer streams for seconds, a light one is over at once
 
 
 @pytest.fixture(scope="module")
 def emulator() -> Iterator[Emulator]:
     with start_emulator("vllm", time_scale=4) as emu:
         yield emu
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def config(emulator: Emulator) -> dict[str, Any]:
@@ -37,7 +43,7 @@ def config(emulator: Emulator) -> dict[str, Any]:
     doc["admission"] = {"batch": {"queue_size": 16, "max_wait": 120, "reserve": 1,
                                   "active_window": 600}}  # fmt: skip
     doc["api_keys"] = [
-        {"name": name, "sha256": hashlib.sha256(key.encode()).hexdigest(), "class": "batch"}
+        {"name": name, "sha256": digest(key), "class": "batch"}
         for name, key in (("heavy", HEAVY), ("light", LIGHT))
     ]
     return doc
@@ -65,19 +71,67 @@ def test_a_flood_takes_every_slot_alone_and_leaves_one_beside_a_light_tenant(
         ThreadPoolExecutor(12) as pool,
     ):
         # Alone (the light tenant not seen yet), the heavy tenant fills the backend.
-        alone = flood(pool, router.url, 4)
+        alone = flood(pool, router.url, 3)
         assert wait_for(lambda: running(emulator) == 3, 30)
         assert all(f.result().status == 200 for f in alone)
         assert wait_for(lambda: running(emulator) == 0, 30)
 
         assert chat(router.url, LIGHT).status == 200  # the light tenant now shares the class
-        beside = flood(pool, router.url, 6)
+        beside = flood(pool, router.url, 4)
         assert wait_for(lambda: running(emulator) == 2, 30)  # the third slot is kept
-        assert not any(f.done() for f in beside)
+        assert not any(f.done() for f in beside), [f.result().text for f in beside if f.done()]
         light = [chat(router.url, LIGHT) for _ in range(4)]
         # Served while every heavy request was still streaming or waiting: no light request
         # waited for one of the flood's to end.
         assert [r.status for r in light] == [200] * 4
         assert not any(f.done() for f in beside)
         assert running(emulator) == 2
-        assert [f.result().status for f in beside] == [200] * 6  # the flood is served too
+        assert [f.result().status for f in beside] == [200] * 4  # the flood is served too
+
+
+def worker(reply: Reply) -> str:
+    """The worker process that answered (request ids start with its own prefix)."""
+    return reply.headers["x-request-id"].rsplit("-", 1)[0]
+
+
+def queued(url: str) -> float:
+    return metric(url, r'turnout_admission_queue_length\{class="batch"\}')
+
+
+def answered(order: list[str], url: str, name: str, key: str, tokens: int = 2) -> Reply:
+    """``chat``, ``name`` appended to ``order`` once answered (one at a time: the backend's
+    one slot serves them in turn)."""
+    reply = chat(url, key, tokens)
+    order.append(name)
+    return reply
+
+
+def test_a_freed_slot_goes_to_the_routers_first_waiter_in_whichever_worker(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    doc = config(emulator)
+    doc["backends"][0]["max_inflight"] = 1
+    doc["admission"]["batch"]["reserve"] = 0
+    doc["api_keys"].append({"name": "vip", "sha256": digest(VIP), "class": "batch",
+                            "priority": 1})  # fmt: skip
+    across = 0
+    with (
+        start_router(write_config(tmp_path, doc), ["--workers", "2"]) as router,
+        ThreadPoolExecutor(10) as pool,
+    ):
+        for _ in range(8):  # until the slot freed in one worker and the vip waited in the other
+            order: list[str] = []
+            served = partial(answered, order, router.url)
+            long = pool.submit(served, "long", HEAVY, 300)
+            assert wait_for(lambda: running(emulator) == 1, 30)
+            heavy = [pool.submit(served, "heavy", HEAVY) for _ in range(6)]
+            assert wait_for(lambda: queued(router.url) == 6, 30)
+            vip = pool.submit(served, "vip", VIP)
+            assert wait_for(lambda: queued(router.url) == 7, 30)
+            assert all(f.result().status == 200 for f in [long, vip, *heavy])
+            # The vip's band goes first of every waiter, in whichever worker the slot freed.
+            assert order[:2] == ["long", "vip"], order
+            across += worker(long.result()) != worker(vip.result())
+            if across:
+                break
+    assert across  # the freed slot and the first waiter were in different workers

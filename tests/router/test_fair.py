@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from router.control.fair import (
     FairQueue,
     Holding,
@@ -201,3 +203,33 @@ def test_tenants_past_the_shared_table_count_in_their_worker_alone() -> None:
     assert one.holdings(("batch", "late"), since=0.0)[0] == 1
     assert two.holdings(("batch", "late"), since=0.0)[0] == 0  # not in the table
     assert len(two.holdings(("batch", "t0"), since=0.0)[1]) == TENANTS - 1
+
+
+def test_a_slot_goes_to_the_routers_first_waiter_whichever_worker_holds_it() -> None:
+    shared = SharedFairness(2)
+    one, two = shared.ledger(0), shared.ledger(1)
+    a: FairQueue[str] = FairQueue("batch", one)
+    b: FairQueue[str] = FairQueue("batch", two)
+    a.served(HEAVY, 5000, 0)
+    a.put("h0", HEAVY)
+    assert one.ahead("batch", a.head()) is None  # nobody waits in worker 1
+    b.put("l0", LIGHT)  # lifted to heavy's 5,000: a tie, which stays with each worker
+    assert one.ahead("batch", a.head()) is None and two.ahead("batch", b.head()) is None
+    a.served(HEAVY, 100, 0)  # heavy served again: light, in worker 1, goes first
+    assert one.ahead("batch", a.head()) == 1
+    assert two.ahead("batch", b.head()) is None
+    assert one.ahead("batch", None) == 1  # worker 0 with nobody waiting
+    b.put("vip", Share("vip", band=1))
+    a.served(Share("vip", band=1), 0, 0)
+    assert one.ahead("batch", a.head()) == 1  # a higher band, whatever its counter
+    one.ring(1)
+    one.ring(1)
+    bell = two.bell()
+    assert bell is not None and os.eventfd_read(bell) == 2  # two slots rung for
+    assert b.pop() == "vip" and b.pop() == "l0"
+    b.discard("vip")
+    b.discard("l0")
+    assert one.ahead("batch", a.head()) is None  # worker 1's queue is empty again
+    b.put("l1", LIGHT)
+    shared.clear(1)  # worker 1 died with its waiters
+    assert one.ahead("batch", a.head()) is None
