@@ -20,6 +20,9 @@ class BuildContext:
     backends: tuple[BackendInfo, ...]
     observer: PipelineObserver = field(default_factory=NullObserver)
     """Where pipeline policies report each plugin's run time and each emptied candidate set."""
+    failover: int | None = None
+    """The most backends one request is tried on (the router's ``failover.max_attempts``),
+    which is all of a sampled ranking anyone walks; None: not known."""
 
     @property
     def engines(self) -> tuple[str, ...]:

@@ -43,7 +43,7 @@ class PolicyConfigError(ValueError):
 
 
 def _class_split(name: str, p: Reader, ctx: BuildContext) -> Policy:
-    sampling = read_sampling(p)
+    sampling = read_sampling(p, ctx.failover)
     orders = class_orders(p, ctx)
     tiers = max((len(t) for t in orders.values()), default=1) or 1
     # Tiers are 1/tiers apart, so a load tie-breaker weighted below that can only reorder
@@ -77,7 +77,7 @@ def _subset(p: Reader, ctx: BuildContext) -> tuple[Filter, ...]:
 
 def _round_robin(name: str, p: Reader, ctx: BuildContext) -> Policy:
     subset = _subset(p, ctx)
-    sampling = read_sampling(p)
+    sampling = read_sampling(p, ctx.failover)
     p.done()
     return PipelinePolicy(
         name,
@@ -92,7 +92,7 @@ def _round_robin(name: str, p: Reader, ctx: BuildContext) -> Policy:
 def _least_outstanding(name: str, p: Reader, ctx: BuildContext) -> Policy:
     by = p.choice("by", ("requests", "tokens"), "requests")
     subset = _subset(p, ctx)
-    sampling = read_sampling(p)
+    sampling = read_sampling(p, ctx.failover)
     p.done()
     signal = inflight if by == "requests" else outstanding_tokens
     return PipelinePolicy(
@@ -109,7 +109,7 @@ def _least_outstanding(name: str, p: Reader, ctx: BuildContext) -> Policy:
 def _cache_aware(name: str, p: Reader, ctx: BuildContext) -> Policy:
     index, imbalance = prefix.read_index(p, ctx, None)
     subset = _subset(p, ctx)
-    sampling = read_sampling(p)
+    sampling = read_sampling(p, ctx.failover)
     p.done()
     return prefix.CacheAwarePolicy(
         name, index, imbalance, subset, sampling=sampling, rng=random.Random(name)
@@ -118,7 +118,7 @@ def _cache_aware(name: str, p: Reader, ctx: BuildContext) -> Policy:
 
 def _pinned(name: str, p: Reader, ctx: BuildContext) -> Policy:
     backend, engine = p.string("backend"), p.string("engine")
-    sampling = read_sampling(p)
+    sampling = read_sampling(p, ctx.failover)
     p.done()
     names: frozenset[str] = frozenset()
     if (backend is None) == (engine is None):
@@ -231,7 +231,7 @@ def _pipeline(name: str, p: Reader, ctx: BuildContext) -> Policy:
     ]
     raw_picker = p.raw_value("picker") or "max-score"
     picker = _plugin(raw_picker, join(p.path, "picker"), PICKERS, Picker, ctx, p.errors)
-    sampling = read_sampling(p)
+    sampling = read_sampling(p, ctx.failover)
     p.done()
     kept_filters = [
         (type_of(e), f[0]) for (_, e), f in zip(filter_entries, built_filters, strict=True) if f
@@ -280,15 +280,17 @@ def build_policy(
     backends: Sequence[BackendInfo],
     *,
     observer: PipelineObserver | None = None,
+    failover: int | None = None,
 ) -> Policy:
     """Validate one policy entry and build it; raises PolicyConfigError with ALL errors.
 
     Paths in the errors are relative to the policy entry (``type``, ``params.by``,
     ``params.scorers[1].type``, ...). Built-in policies report their plugins' run times
     and emptied candidate sets to ``observer`` (the router's metrics), if given.
+    ``failover``: the router's ``failover.max_attempts``, as long as a sampled ranking gets.
     """
     errors: Errors = []
-    ctx = BuildContext(tuple(backends), NullObserver() if observer is None else observer)
+    ctx = BuildContext(tuple(backends), NullObserver() if observer is None else observer, failover)
     p = Reader.of(params, "params", errors)
     policy: Policy | None = None
     if type in POLICY_TYPES:

@@ -33,28 +33,36 @@ DEFAULT_SAMPLE = 2
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """The ``sample_above`` and ``sample`` params (``above`` None: never sample)."""
+    """The ``sample_above`` and ``sample`` params (``above`` None: never sample), and
+    ``depth``: the most backends failover tries (None: not known)."""
 
     above: int | None = DEFAULT_ABOVE
     size: int = DEFAULT_SAMPLE
+    depth: int | None = None
 
     def applies(self, n: int) -> bool:
         return self.above is not None and n > self.above
 
     @property
     def ranked(self) -> int:
-        """Names a sampled ranking holds."""
-        return max(self.above or 0, self.size)
+        """Names a sampled ranking holds: the scored ones, then more up to what failover
+        walks (``depth``), else up to ``sample_above``. Names past the failover order would
+        be made for every request and read by none."""
+        cap = self.above or 0
+        if self.depth is not None:
+            cap = min(cap, self.depth)
+        return max(cap, self.size)
 
 
-def read_sampling(p: Reader) -> Sampling:
+def read_sampling(p: Reader, depth: int | None = None) -> Sampling:
     """``sample_above`` (0: never sample, else at least ``sample``; default
-    :data:`DEFAULT_ABOVE`) and ``sample`` (>= 1; default :data:`DEFAULT_SAMPLE`)."""
+    :data:`DEFAULT_ABOVE`) and ``sample`` (>= 1; default :data:`DEFAULT_SAMPLE`); ``depth``:
+    :attr:`~policies.params.BuildContext.failover`."""
     above = p.integer("sample_above", DEFAULT_ABOVE, low=0)
     size = p.integer("sample", DEFAULT_SAMPLE, low=1)
     if above and size > above:
         p.error("sample", f"at most sample_above ({above})")
-    return Sampling(above or None, size)
+    return Sampling(above or None, size, depth)
 
 
 def _below(rng: random.Random, n: int) -> int:

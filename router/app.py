@@ -69,7 +69,12 @@ def build_policies(config: RouterConfig, metrics: Metrics | None = None) -> dict
     for spec in config.policies:
         try:
             out[spec.name] = build_policy(
-                spec.name, spec.type, spec.params, infos, observer=observer
+                spec.name,
+                spec.type,
+                spec.params,
+                infos,
+                observer=observer,
+                failover=config.failover.max_attempts,
             )
             if metrics is not None:
                 metrics.policy_known(spec.name)

@@ -76,6 +76,23 @@ def test_a_request_reads_a_few_candidates_of_a_large_fleet(
         assert len(set(decision.ranked)) == len(decision.ranked)
 
 
+DEPTH = [c[:2] for c in CASES if c[0] != "adaptive"]
+
+
+@pytest.mark.parametrize(("kind", "params"), DEPTH, ids=[c[0] for c in DEPTH])
+def test_a_sampled_ranking_holds_what_failover_walks(
+    kind: str, params: Mapping[str, object]
+) -> None:
+    """Given the router's failover depth, a sampled ranking is that long: the names after it
+    would be made for every request and tried by none."""
+    members = CandidateSet(fleet(FLEET // 2, FLEET // 2))
+    for depth in (3, 5):
+        chosen = build_policy("p", kind, dict(params), BACKENDS, failover=depth)
+        for i in range(10):
+            ranked = chosen.choose(make_request(request_id=f"r{i}"), members.view()).ranked
+            assert len(ranked) == len(set(ranked)) == depth
+
+
 def test_up_to_sample_above_every_candidate_is_ranked() -> None:
     replicas = fleet(16)
     decision = policy("least-outstanding").choose(make_request(), CandidateSet(replicas).view())
