@@ -13,6 +13,7 @@ error JSON with vLLM's status.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -277,9 +278,26 @@ def _abort(request: web.Request) -> None:
 async def _stream(
     request: web.Request, metrics: EngineMetrics, job: _Job, wake: asyncio.Event
 ) -> web.StreamResponse:
-    """Write one SSE event per engine chunk, as the chunks arrive."""
-    gen, seq, pieces = job.gen, job.seq, job.pieces
+    """Write one SSE event per engine chunk, as the chunks arrive.
+
+    A client that goes away mid-stream is an expected end: a reset often reaches the
+    transport before aiohttp cancels this handler, so a write meets a closing transport.
+    The stream then just stops (aiohttp's finish of the response sees the closed connection
+    and logs nothing), rather than each cut stream logging a traceback."""
     resp = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-Id": job.request_id})
+    with contextlib.suppress(ConnectionResetError):
+        await _events(request, resp, metrics, job, wake)
+    return resp
+
+
+async def _events(
+    request: web.Request,
+    resp: web.StreamResponse,
+    metrics: EngineMetrics,
+    job: _Job,
+    wake: asyncio.Event,
+) -> None:
+    gen, seq, pieces = job.gen, job.seq, job.pieces
     await resp.prepare(request)
     framing: _Chunks | ResponseFraming
     if gen.api == "responses":
@@ -317,7 +335,6 @@ async def _stream(
     # the last events and the stream's end in one write
     closing = framing.closing("".join(pieces), gen.prompt_tokens, sent, seq.cached_tokens)
     await resp.write_eof(closing)
-    return resp
 
 
 async def _whole(

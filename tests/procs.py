@@ -134,11 +134,13 @@ def start_emulator(
     seed: int = 0,
     args: Sequence[str] = (),
     timeout: float = 20.0,
+    stderr: Path | None = None,
 ) -> Iterator[Emulator]:
-    """Run ``python -m turnout emulator --profile PROFILE --port 0 ...`` until the block exits."""
+    """Run ``python -m turnout emulator --profile PROFILE --port 0 ...`` until the block exits
+    (its log to ``stderr`` if given)."""
     argv = [sys.executable, "-m", "turnout", "emulator", "--profile", profile, "--port", "0",
             "--time-scale", str(time_scale), "--seed", str(seed), *args]  # fmt: skip
-    with start_process(argv, "emulator listening on", timeout) as proc:
+    with start_process(argv, "emulator listening on", timeout, stderr=stderr) as proc:
         yield proc
 
 
