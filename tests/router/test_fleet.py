@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
+from policies.candidates import CandidateSet
+from policies.testing import make_request
 from policies.types import RequestInfo
-from router.app import RELOADER, STATE, build_app, listen_socket, serve
+from router.app import RELOADER, STATE, build_app, build_policies, listen_socket, serve
 from router.backends.fleet import replica
 from router.backends.pool import BackendState, Pool
 from router.config.model import HealthSettings
@@ -143,3 +145,22 @@ def test_the_pool_treats_replicas_as_their_configured_backend() -> None:
     assert pool.member("pool") is pool.backends[0]  # none healthy: the first, as in panic
     pool.backends[1].probe_result(True)
     assert pool.member("pool") is pool.backends[1]
+
+
+def test_a_sampled_ranking_is_as_long_as_the_configured_failover() -> None:
+    """The router builds its policies with its failover depth: past sample_above backends a
+    ranking holds failover.max_attempts names, the most any request is tried on."""
+    backends = [(f"b{i}", "vllm", f"http://127.0.0.1:{9000 + i}") for i in range(40)]
+    for attempts in (2, 4):
+        doc = base_config(backends, default_policy="round-robin")
+        doc["failover"] = {**doc["failover"], "max_attempts": attempts}
+        doc["policies"] = {
+            "round-robin": {"type": "round-robin"},
+            "least-outstanding": {"type": "least-outstanding"},
+        }
+        config = parse_config(doc)
+        pool = Pool(config.backends, {}, HealthSettings())
+        members = CandidateSet(pool.backends)
+        for policy in build_policies(config).values():
+            decision = policy.choose(make_request(), members.view())
+            assert len(decision.ranked) == attempts, policy.name
