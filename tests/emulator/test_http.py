@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 
 import openai
 import orjson
@@ -15,7 +16,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from emulator.profiles import load_profile
 from router.backends.engines import parse_load
 from tests.emulator.conftest import client_for
-from tests.procs import Emulator, start_emulator
+from tests.procs import Emulator, metric, start_emulator, wait_for
 from turnout.common.tokens import count_chat, count_text
 
 MODEL = "deepseek-v4.1-flash"
@@ -231,28 +232,42 @@ def test_detokenize_refuses_what_is_not_a_token_list(
 
 
 def test_priority_field_orders_waiting_requests() -> None:
-    """One running slot; a later request with priority -1 overtakes earlier priority-5 ones."""
+    """One running slot; a later request with priority -1 overtakes earlier priority-5 ones,
+    which keep their arrival order between them."""
     args = ["--set", "ranks=1", "--set", "max_num_seqs=1", "--set", "scheduling_policy=priority"]
     with start_emulator("vllm", time_scale=2, args=args) as emu:
         client = client_for(emu)
         done: list[str] = []
 
-        def send(tag: str, priority: int, tokens: int) -> None:
+        def send(tag: str, priority: int) -> None:
             client.completions.create(
-                model=MODEL, prompt=tag, max_tokens=tokens,
+                model=MODEL, prompt=tag, max_tokens=20,
                 extra_body={"ignore_eos": True, "priority": priority},
             )  # fmt: skip
             done.append(tag)
 
-        threads = [threading.Thread(target=send, args=("first", 0, 300))]
-        threads += [threading.Thread(target=send, args=(f"batch{i}", 5, 20)) for i in range(2)]
-        threads.append(threading.Thread(target=send, args=("urgent", -1, 20)))
-        for t in threads:
-            t.start()
-            time.sleep(0.2)  # arrive in this order while "first" holds the slot
-        for t in threads:
+        def waiting() -> float:
+            return metric(emu.url, "vllm:num_requests_waiting", required=True)
+
+        threads: list[threading.Thread] = []
+        # "first" holds the slot until its stream is closed, however slow the machine is,
+        # and each request is seen waiting before the next is sent: no timing to guess.
+        with client.completions.create(
+            model=MODEL, prompt="first", max_tokens=4000, stream=True,
+            extra_body={"ignore_eos": True, "priority": 0},
+        ) as first:  # fmt: skip
+            next(iter(first))
+            for n, (tag, priority) in enumerate((("batch0", 5), ("batch1", 5), ("urgent", -1)), 1):
+                threads.append(threading.Thread(target=send, args=(tag, priority)))
+                threads[-1].start()
+                assert wait_for(partial(_is, waiting, n)), (n, waiting())
+        for t in threads:  # the slot is free: the queue is served by priority, then arrival
             t.join(60)
-        assert done[:2] == ["first", "urgent"], done
+        assert done == ["urgent", "batch0", "batch1"], done
+
+
+def _is(read: Callable[[], float], value: float) -> bool:
+    return read() == value
 
 
 @pytest.mark.parametrize(
