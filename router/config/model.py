@@ -322,7 +322,7 @@ class ClassAdmission:
     reserve: int = 0
     """A backend's last free slots that, while tenants share the class, go only to one
     holding less than its weighted share of the class's slots (router.control.fair)."""
-    active_window: float = 2.0
+    active_window: float = 30.0
     """Seconds a tenant still shares the class after its last request there left."""
 
 

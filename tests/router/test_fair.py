@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
+
+from router.cli import load_checked
+from router.config.model import ConfigError
 from router.control.fair import (
     FairQueue,
     Holding,
@@ -13,6 +18,7 @@ from router.control.fair import (
     engine_priority,
 )
 from router.control.fair_shared import TENANTS, SharedFairness
+from tests.router.harness import base_config, write_config
 
 HEAVY, LIGHT = Share("heavy"), Share("light")
 
@@ -233,3 +239,17 @@ def test_a_slot_goes_to_the_routers_first_waiter_whichever_worker_holds_it() -> 
     b.put("l1", LIGHT)
     shared.clear(1)  # worker 1 died with its waiters
     assert one.ahead("batch", a.head()) is None
+
+
+def test_a_reserve_and_its_window_are_read_and_checked(tmp_path: Path) -> None:
+    doc = base_config([("a", "vllm", "http://127.0.0.1:9")])
+    doc["admission"] = {"batch": {"queue_size": 4, "reserve": 1, "active_window": 5}}
+    batch = load_checked(write_config(tmp_path, doc)).admission.for_class("batch")
+    assert (batch.reserve, batch.active_window) == (1, 5.0)
+    plain = write_config(tmp_path, base_config([("a", "vllm", "http://127.0.0.1:9")]))
+    assert load_checked(plain).admission.for_class("batch").reserve == 0  # off unless asked
+    doc["admission"] = {"interactive": {"reserve": -1, "active_window": "soon"}}
+    with pytest.raises(ConfigError) as exc:
+        load_checked(write_config(tmp_path, doc))
+    paths = {p for p, _ in exc.value.errors}
+    assert paths == {"admission.interactive.reserve", "admission.interactive.active_window"}
