@@ -101,7 +101,13 @@ class OtelTrace:
         now: float,
     ) -> None:
         self._tracer = tracer
-        self._t0, self._wall0 = now, time.time_ns()
+        # Every time of the trace is a monotonic reading mapped through this one anchor, the
+        # request's arrival ``now`` in wall-clock nanoseconds (both clocks read together,
+        # then taken back to ``now``): a span stamped by the SDK's own wall clock instead was
+        # off by however long had passed since ``now``, so under load an attempt could seem
+        # to start before the pick that chose it ended.
+        self._t0 = now
+        self._wall0 = time.time_ns() - int((time.monotonic() - now) * 1e9)
         self._root = tracer.start_span(
             f"{method} {path}",
             context=_PROPAGATOR.extract(headers),
@@ -163,6 +169,7 @@ class OtelTrace:
             f"{self._op} {self._model}",
             context=self._ctx,
             kind=SpanKind.CLIENT,
+            start_time=self._ns(time.monotonic()),
             attributes={
                 "gen_ai.operation.name": self._op,
                 "gen_ai.request.model": self._model,
@@ -185,7 +192,7 @@ class OtelTrace:
         kind = str(status) if status is not None else "timeout" if timeout else "unreachable"
         span.set_attribute("error.type", kind)
         span.set_status(Status(StatusCode.ERROR, message))
-        span.end()
+        span.end(self._ns(time.monotonic()))
 
     def finish(self, ending: Ending) -> None:
         end = self._ns(ending.end)

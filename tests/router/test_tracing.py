@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from policies.testing import make_request
 from router.app import STATE
 from router.observe.otel import OtelTracing
+from router.observe.tracing import Ending
 from tests.procs import ROOT
 from tests.router.fake_upstream import MODEL, FakeEngine, InProcess, in_process_router
 from tests.router.harness import base_config
@@ -190,6 +193,44 @@ async def test_a_rejection_is_a_root_span_with_its_reason(
     assert attr(root, "http.response.status_code") == 404
     assert root.status.status_code == StatusCode.UNSET  # the client's error, not the service's
     assert not ip.engine.bodies
+
+
+def test_span_times_share_one_clock_however_late_the_trace_begins(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A request that arrived 50 ms before its trace began (the task was not scheduled, say):
+    the pick still ends before the attempt it chose starts, and the root starts at arrival.
+    The attempt's times once came from the SDK's wall clock, the others' from monotonic
+    readings anchored when the trace began, and the two disagreed by those 50 ms."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    arrived = time.monotonic() - 0.05
+    wall_arrived = time.time_ns() - 50_000_000
+    trace = OtelTracing(provider).begin({}, "POST", "/v1/chat/completions", "r1", arrived)
+    t = time.monotonic()
+    trace.classified(make_request(), t, time.monotonic())
+    t = time.monotonic()
+    trace.picked("p", ["fake"], t, time.monotonic())
+    trace.attempt("fake", "http://127.0.0.1:9/v1/chat/completions", {})
+    trace.attempt_failed(503, "busy", timeout=False)
+    trace.attempt("fake", "http://127.0.0.1:9/v1/chat/completions", {})
+    ending = Ending(time.monotonic(), 200, "ok", False, "p", "interactive", "fake", 2, None,
+                    None, None, None, None)  # fmt: skip
+    trace.finish(ending)
+    spans = by_name(exporter.get_finished_spans())
+    (root,) = [s for s in spans["chat m"] if s.kind == SpanKind.SERVER]
+    first, second = sorted(
+        (s for s in spans["chat m"] if s.kind == SpanKind.CLIENT),
+        key=lambda s: attr(s, "turnout.attempt"),
+    )
+    (cls,), (pick,) = spans["turnout.classify"], spans["turnout.pick"]
+    stamps = [root.start_time, cls.start_time, cls.end_time, pick.start_time, pick.end_time,
+             first.start_time, first.end_time, second.start_time, second.end_time,
+             root.end_time]  # fmt: skip
+    times = [t for t in stamps if t is not None]
+    assert len(times) == len(stamps) and times == sorted(times), stamps
+    assert root.start_time is not None
+    assert abs(root.start_time - wall_arrived) < 10_000_000  # within 10 ms of the arrival
 
 
 def tracing_in_fresh_interpreter(env: dict[str, str]) -> str:
