@@ -57,6 +57,9 @@ from router.server.errors import RouterError
 T = TypeVar("T", bound=OnBackend)
 W = TypeVar("W", bound=Hashable)
 Cost = tuple[int, int]
+PATIENCE = 2
+"""Polls a slot this worker's waiters could take is left for another worker's first waiter
+(rung for it, but slow to come or unable to use it) before one of them takes it."""
 FULL = "every backend planned for the request is at its in-flight limit"
 """Why a request waits (and the start of its 429 when it may not)."""
 
@@ -219,21 +222,21 @@ class Admission:
         self._rooms: dict[asyncio.Future[None], Callable[[float], int | None]] = {}
 
     async def _polling(self, every: float) -> None:
-        stalled = False
+        stalled = 0
         while any(self.queues.waiting(cls) for cls in REQUEST_CLASSES):
             await asyncio.sleep(every)
             stalled = self._look(stalled)
         self._poller = None
 
-    def _look(self, stalled: bool) -> bool:
+    def _look(self, stalled: int) -> int:
         """A poll's look for a slot freed unseen: this worker's first waiter that may take
-        one is woken, unless another worker's goes first, which is left a period to take it;
-        True: it was (and a waiter here could have)."""
-        if self._ahead() is None or stalled:
+        one is woken, unless another worker's goes first, which is left :data:`PATIENCE`
+        periods to take it. Returns the periods it has been left so far."""
+        if self._ahead() is None or stalled >= PATIENCE:
             self._wake()
-            return False
+            return 0
         now = time.monotonic()
-        return any(room(now) is not None for room in self._rooms.values())
+        return stalled + 1 if any(room(now) is not None for room in self._rooms.values()) else 0
 
     def waiting(self, cls: RequestClass) -> int:
         """Requests of ``cls`` waiting now."""
