@@ -387,7 +387,7 @@ def make_adaptive(name: str, p: Reader, ctx: BuildContext) -> AdaptivePolicy:
     )
     predictor = read_predictor(p, ctx)
     tpot = read_tpot(p, ctx, predictor.alpha)
-    sampling = read_sampling(p)
+    sampling = read_sampling(p, ctx.failover)
     p.done()
     engines = {b.name: b.engine for b in ctx.backends}
     pace = PaceTracker(predictor.alpha)
