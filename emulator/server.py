@@ -6,14 +6,13 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/resp
 ``GET /metrics``, and the prefill side of a KV pull, ``POST /kv_transfer/pull``
 (emulator/kvhttp.py). Generation requests are validated, given a fault plan, turned into a
 :class:`~emulator.model.Sequence` and handed to the :class:`~emulator.driver.Driver`; the
-handler then writes one SSE event per chunk the engine emits. Every error is OpenAI's
-error JSON with vLLM's status.
+handler then writes one SSE event per chunk the engine emits (emulator/answer.py). Every
+error is OpenAI's error JSON with vLLM's status.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 import uuid
@@ -24,27 +23,23 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from emulator.answer import Job, stream, whole
 from emulator.api import (
     Api,
     ApiError,
-    Generation,
     check_context,
     parse_generation,
     parse_json,
 )
 from emulator.driver import Driver
-from emulator.faults import HEADER, FaultPlan, injected_error, plan_for
+from emulator.faults import HEADER, injected_error, plan_for
 from emulator.kvhttp import PULL_PATH, answer_params, parse_params, pull
 from emulator.metrics import EngineMetrics
 from emulator.model import Engine, Sequence
 from emulator.profiles import Profile
 from emulator.prompt import output_ids, prompt_ids
-from emulator.responses import ResponseFraming
 from emulator.surface import detokenize_body, embeddings_body, models_body, tokenize_body
 from emulator.text import natural_length, output_pieces, request_rng
-
-_DONE = b"data: [DONE]\n\n"
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,62 +63,8 @@ class _State:
     engine_id: str
 
 
-@dataclass(slots=True)
-class _Job:
-    """One generation request on its way through the engine."""
-
-    doc: dict[str, object]
-    gen: Generation
-    seq: Sequence
-    pieces: list[str]
-    plan: FaultPlan
-    request_id: str  # X-Request-Id as given, or generated
-    rid: str  # response id: chatcmpl-, cmpl- or resp_ and the request id
-    finish: str
-    started: float
-    created: int
-
-
 STATE = web.AppKey("emulator_state", _State)
 OPTIONS = web.AppKey("emulator_options", ServerOptions)
-
-
-class _Chunks:
-    """Pre-encoded SSE event framing for one chat or completions stream: only the text
-    changes per chunk."""
-
-    __slots__ = ("_chat", "_final", "_gen", "_head", "_meta", "_tail")
-
-    def __init__(self, gen: Generation, rid: str, created: int, finish: str) -> None:
-        self._gen = gen
-        self._chat = chat = gen.api == "chat"
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        self._meta = {"id": rid, "object": obj, "created": created, "model": gen.model}
-        meta = orjson.dumps(self._meta)
-        field = b'"delta":{"content":' if chat else b'"text":'
-        close = b"}" if chat else b""
-        self._head = b"data: " + meta[:-1] + b',"choices":[{"index":0,' + field
-        self._tail = close + b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-        self._final = close + b',"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % (
-            finish.encode()
-        )
-
-    def opening(self) -> bytes:
-        """A chat stream's role chunk (nothing for completions)."""
-        if not self._chat:
-            return b""
-        head = self._head.replace(b'"delta":{"content":', b'"delta":{"role":"assistant","content":')
-        return head + b'""' + self._tail
-
-    def chunk(self, text: str, last: bool) -> bytes:
-        return self._head + orjson.dumps(text) + (self._final if last else self._tail)
-
-    def closing(self, text: str, prompt: int, output: int, cached: int) -> bytes:
-        """The usage chunk if asked for, then ``[DONE]``."""
-        if not self._gen.include_usage:
-            return _DONE
-        doc = {**self._meta, "choices": [], "usage": _usage(prompt, output, cached)}
-        return b"data: " + orjson.dumps(doc) + b"\n\n" + _DONE
 
 
 def _error_response(err: ApiError) -> web.Response:
@@ -146,15 +87,6 @@ async def _errors(
         return _error_response(ApiError(405, message))
     except web.HTTPException as exc:  # e.g. 413 for a body over client_max_size
         return _error_response(ApiError(exc.status, exc.reason))
-
-
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, object]:
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
 
 
 def _generator(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -213,7 +145,7 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     await _transfer(request, state, doc, seq)
     plan.mark(seq, opts.profile.faults)
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-    job = _Job(
+    job = Job(
         doc=doc,
         gen=gen,
         seq=seq,
@@ -229,8 +161,8 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     wake = state.driver.submit(seq, started)
     try:
         if gen.stream:
-            return await _stream(request, state.metrics, job, wake)
-        return await _whole(request, state.metrics, job, wake)
+            return await stream(request, state.metrics, job, wake)
+        return await whole(request, state.metrics, job, wake, _held_params)
     finally:
         state.driver.release(seq)
 
@@ -266,118 +198,6 @@ async def _kv_pull(request: web.Request) -> web.Response:
         raise ApiError(404, "No KV blocks are held under that id (expired or never held).")
     body = orjson.dumps({"prompt_tokens": tokens})
     return web.Response(body=body, content_type="application/json")
-
-
-def _abort(request: web.Request) -> None:
-    """Drop the connection without a proper end (the drop_after fault)."""
-    if request.transport is not None:
-        request.transport.abort()
-    raise asyncio.CancelledError
-
-
-async def _stream(
-    request: web.Request, metrics: EngineMetrics, job: _Job, wake: asyncio.Event
-) -> web.StreamResponse:
-    """Write one SSE event per engine chunk, as the chunks arrive.
-
-    A client that goes away mid-stream is an expected end: a reset often reaches the
-    transport before aiohttp cancels this handler, so a write meets a closing transport.
-    The stream then just stops (aiohttp's finish of the response sees the closed connection
-    and logs nothing), rather than each cut stream logging a traceback."""
-    resp = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-Id": job.request_id})
-    with contextlib.suppress(ConnectionResetError):
-        await _events(request, resp, metrics, job, wake)
-    return resp
-
-
-async def _events(
-    request: web.Request,
-    resp: web.StreamResponse,
-    metrics: EngineMetrics,
-    job: _Job,
-    wake: asyncio.Event,
-) -> None:
-    gen, seq, pieces = job.gen, job.seq, job.pieces
-    await resp.prepare(request)
-    framing: _Chunks | ResponseFraming
-    if gen.api == "responses":
-        framing = ResponseFraming(job.doc, gen, job.rid, job.created, job.finish)
-    else:
-        framing = _Chunks(gen, job.rid, job.created, job.finish)
-    opening = framing.opening()
-    if opening:
-        await resp.write(opening)
-    drop = job.plan.drop_after
-    if drop == 0:
-        _abort(request)
-    observe_itl = metrics.itl.observe
-    length = seq.output_tokens
-    sent = 0
-    last = 0.0
-    while sent < length:
-        await wake.wait()
-        wake.clear()
-        chunks, seq.chunks = seq.chunks, []
-        for n in chunks:
-            text = "".join(pieces[sent : sent + n])
-            sent += n
-            await resp.write(framing.chunk(text, sent >= length))
-            now = time.perf_counter()
-            if last:
-                observe_itl(now - last)
-            else:
-                metrics.ttft.observe(now - job.started)
-            last = now
-            if drop is not None and sent >= drop:
-                _abort(request)
-    metrics.generation_tokens.inc(sent)
-    metrics.e2e.observe(time.perf_counter() - job.started)
-    # the last events and the stream's end in one write
-    closing = framing.closing("".join(pieces), gen.prompt_tokens, sent, seq.cached_tokens)
-    await resp.write_eof(closing)
-
-
-async def _whole(
-    request: web.Request, metrics: EngineMetrics, job: _Job, wake: asyncio.Event
-) -> web.StreamResponse:
-    """Wait for the whole output, then answer with one JSON body."""
-    gen, seq, drop = job.gen, job.seq, job.plan.drop_after
-    while not seq.done:
-        await wake.wait()
-        wake.clear()
-        seq.chunks.clear()
-        if drop is not None and seq.generated >= drop:
-            _abort(request)
-    n = seq.output_tokens
-    metrics.generation_tokens.inc(n)
-    metrics.e2e.observe(time.perf_counter() - job.started)
-    text = "".join(job.pieces)
-    headers = {"X-Request-Id": job.request_id}
-    kv = _held_params(request, seq)
-    if gen.api == "responses":
-        framing = ResponseFraming(job.doc, gen, job.rid, job.created, job.finish)
-        response = framing.response(text, gen.prompt_tokens, n, seq.cached_tokens)
-        body = orjson.dumps(response if kv is None else {**response, "kv_transfer_params": kv})
-        return web.Response(body=body, content_type="application/json", headers=headers)
-    if gen.api == "chat":
-        message: dict[str, object] = {
-            "role": "assistant",
-            "content": text,
-            "reasoning_content": None,
-            "tool_calls": [],
-        }
-        choice: dict[str, object] = {"index": 0, "message": message}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "prompt_logprobs": None}
-        obj = "text_completion"
-    choice.update(logprobs=None, finish_reason=job.finish, stop_reason=None)
-    usage = _usage(gen.prompt_tokens, n, seq.cached_tokens)
-    doc = {"id": job.rid, "object": obj, "created": job.created, "model": gen.model,
-           "choices": [choice], "usage": usage}  # fmt: skip
-    if kv is not None:
-        doc["kv_transfer_params"] = kv
-    return web.Response(body=orjson.dumps(doc), content_type="application/json", headers=headers)
 
 
 def _held_params(request: web.Request, seq: Sequence) -> dict[str, object] | None:
