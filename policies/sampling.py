@@ -177,6 +177,9 @@ def draw_pools(
     scored: list[Candidate] = []
     tails: list[list[str]] = []
     for groups in pools:
+        if not groups:  # adaptive's pool of other engine kinds, most often: no view to make
+            tails.append([])
+            continue
         members = in_groups(candidates, groups)
         if sampling.applies(len(members)):
             part = draw(members, sampling, rng, nominated)

@@ -92,7 +92,8 @@ class SpillNotes:
 
     def tokens(self, backend: str) -> int:
         """Prompt tokens of the spilled requests open on ``backend``."""
-        return sum(self._open.get(backend, {}).values())
+        records = self._open.get(backend)
+        return sum(records.values()) if records else 0
 
     def backends(self) -> list[str]:
         """The backends with open spilled requests."""
