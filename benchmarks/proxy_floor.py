@@ -25,8 +25,8 @@ from router.config.model import LimitSettings
 from router.proxy.keepalive import ConnectionPool
 from router.proxy.origin import request_head, split_url
 from router.server.answer import Answer, Client, Serve
+from router.server.lean import Connections, LeanSite
 from router.server.site import AiohttpClient
-from router.server.wire import Connections, LeanSite
 
 READY = "floor listening on "
 PATH = "/v1/chat/completions"

@@ -44,8 +44,8 @@ from router.reload import Reloader
 from router.server.answer import Serve
 from router.server.descriptors import BACKLOG, Budget, connection_budget, open_descriptors
 from router.server.errors import SERVER, RouterError, error_response
+from router.server.lean import Connections, LeanSite
 from router.server.site import AiohttpClient, Cap, handler_options, single_headers
-from router.server.wire import Connections, LeanSite
 
 log = logging.getLogger("router")
 STATE = web.AppKey("state", RouterState)

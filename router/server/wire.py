@@ -3,8 +3,9 @@
 aiohttp's server side costs about as much per request as all of the router's own request
 handling (issue 18: a bare aiohttp relay spends ~125 µs of CPU a request). Here one
 ``asyncio.Protocol`` per connection parses with httptools (llhttp, as the upstream side does:
-router.proxy.connection), runs the route's handler as a task with a :class:`Request` as its
-:class:`router.server.answer.Client`, and writes the answer's bytes itself.
+router.proxy.connection), runs the route's handler as a task with a
+:class:`~router.server.request.Request` as its :class:`router.server.answer.Client`, and writes
+the answer's bytes itself. Its site and the open connections it keeps are router.server.lean's.
 
 It takes only requests of the usual shape: ``POST`` to one of its routes over HTTP/1.1, with
 a body framed by ``Content-Length`` within the body limit, no ``Transfer-Encoding``,
@@ -36,13 +37,11 @@ What it guarantees itself:
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import socket
-import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -50,7 +49,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from router.config.model import LimitSettings
 from router.server.answer import Answer, Chunked, FlowControl, Serve
 from router.server.errors import SERVER
-from router.server.site import GuardedSite, OpenConnections, check_media, too_large, too_slow
+from router.server.request import Request
+
+if TYPE_CHECKING:
+    from router.server.lean import Connections
 
 log = logging.getLogger("router")
 # Headers whose presence sends a request to aiohttp (see the module docstring).
@@ -59,58 +61,6 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 HALF_CLOSE_SECONDS = 1.0
 """How soon after its request a client's end of sending is a half-close (it sends them
 together); later, the client has given up, and goes (see :meth:`Wire.eof_received`)."""
-
-
-class _Date:
-    """The ``Date`` header's value, formatted once a second."""
-
-    __slots__ = ("_second", "_value")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._value = b""
-
-    def now(self) -> bytes:
-        second = int(time.time())
-        if second != self._second:
-            self._second = second
-            self._value = email.utils.formatdate(second, usegmt=True).encode()
-        return self._value
-
-
-class Connections(OpenConnections):
-    """The open connections of one site (aiohttp's are counted too: the cap counts them all);
-    the lean ones are held, for the drain to close, with the ``Date`` their answers carry."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._all: set[Wire] = set()
-        self.closing = False
-        self.date = _Date()
-
-    @property
-    def lean(self) -> int:
-        """How many of the open connections the lean server serves."""
-        return len(self._all)
-
-    def add(self, wire: Wire) -> None:
-        self._all.add(wire)
-
-    def discard(self, wire: Wire) -> None:
-        self._all.discard(wire)
-
-    def stop(self) -> None:
-        """Close idle connections now; the others once their answer is out."""
-        self.closing = True
-        for wire in list(self._all):
-            wire.close_if_idle()
-
-    async def close(self, grace: float) -> None:
-        """Close every connection: a request still open gets ``grace`` seconds to finish its
-        record after its client is cut off (its task is cancelled)."""
-        tasks = [task for wire in list(self._all) if (task := wire.abort()) is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace)
 
 
 class _HandOver(Exception):
@@ -134,50 +84,6 @@ def _head(status: int, headers: Mapping[str, str], framing: bytes, date: bytes) 
         date,
         framing,
     )
-
-
-class Request:
-    """One request taken by the lean server: :class:`router.server.answer.Client`."""
-
-    __slots__ = ("_body", "_complete", "_length", "_waiter", "_wire", "headers", "method", "path")
-
-    def __init__(self, wire: Wire, path: str, headers: CIMultiDictProxy[str], length: int) -> None:
-        self._wire = wire
-        self.method = "POST"
-        self.path = path
-        self.headers = headers
-        self._length = length
-        self._body = bytearray()
-        self._complete = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    @property
-    def flow(self) -> FlowControl:
-        return self._wire.flow
-
-    async def body(self, limit: int, limits: LimitSettings) -> bytes:
-        check_media(self.headers)
-        if self._length > limit:
-            raise too_large(limit)
-        if not self._complete:  # the rest is on its way: wait, bounded
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(limits.body_seconds):
-                    await self._waiter
-            except TimeoutError:
-                raise too_slow(limits) from None
-        return bytes(self._body)
-
-    async def start(self, status: int, headers: Mapping[str, str]) -> Chunked | None:
-        return self._wire.start(status, headers)
-
-    def received(self, piece: bytes) -> None:
-        self._body += piece
-
-    def completed(self) -> None:
-        self._complete = True
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
 
 class Wire(asyncio.Protocol):
@@ -465,34 +371,3 @@ class Wire(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-
-class LeanSite(GuardedSite):
-    """A :class:`GuardedSite` whose connections start on the lean server (:class:`Wire`)
-    and are handed to aiohttp's guarded handler for what the lean server does not take."""
-
-    __slots__ = ("_max_body", "_routes", "connections")
-
-    def __init__(
-        self,
-        *args: Any,
-        routes: Mapping[str, Serve],
-        max_body: int,
-        connections: Connections,
-        **kwargs: Any,
-    ) -> None:
-        """``args``/``kwargs``: :class:`GuardedSite`'s; ``routes``: the lean server's, by
-        path; ``max_body``: the body limit (a larger declared body goes to aiohttp)."""
-        super().__init__(*args, opened=connections, **kwargs)
-        self._routes = {path.encode(): serve for path, serve in routes.items()}
-        self._max_body = max_body
-        self.connections = connections
-
-    def connection(self) -> asyncio.Protocol:
-        return Wire(self._routes, self._limits, self._max_body, self.connections, self.guarded)
-
-    async def stop(self) -> None:
-        """Stop accepting; idle lean connections close now, the others after their answer
-        (the rest go when the app shuts down: :meth:`Connections.close`)."""
-        await super().stop()
-        self.connections.stop()
