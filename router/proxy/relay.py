@@ -185,6 +185,8 @@ async def relay(
             out.write(sse_error_event(broken, code, status))
         await out.end()
     except ConnectionResetError:
+        if meter.done:  # it left after the last event had been passed on: served whole
+            return Relayed(None, head.status, time.monotonic())
         return Relayed(None, CLIENT_CLOSED, None)
     finally:
         flow.detach()

@@ -46,9 +46,12 @@ class FakeEngine:
     """Answer every chat request with this status (OpenAI error JSON) when set."""
     cut: bool = False
     """A /v1/responses stream ends after its deltas, without ``response.completed``."""
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """A chat stream's end of body (after ``[DONE]``) waits for this."""
 
     def __post_init__(self) -> None:
         self.release.set()
+        self.ended.set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -117,6 +120,7 @@ class FakeEngine:
                 {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
             )
         await out.write(b"data: [DONE]\n\n")
+        await self.ended.wait()
         await out.write_eof()
         return out
 

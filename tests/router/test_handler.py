@@ -20,6 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from policies.types import BackendInfo, Candidate, Decision, Outcome, RequestInfo
 from router.app import RELOADER, STATE
+from tests.procs import metric_in
 from tests.router.fake_upstream import MODEL, FakeEngine, InProcess, in_process_router
 from tests.router.harness import base_config, write_config
 
@@ -124,6 +125,27 @@ async def test_a_client_that_leaves_mid_stream_frees_the_backend(tmp_path: Path)
         metrics = ip.app[STATE].metrics.render().decode()
         assert 'code="499"' in metrics
         engine.release.set()
+
+
+async def test_a_client_that_leaves_right_after_done_was_served_whole(tmp_path: Path) -> None:
+    """It closes once it has read [DONE], before the engine's body ends: it had its whole
+    answer, so the request is served (200, ok), not a client that left (499)."""
+    engine = FakeEngine()
+    engine.ended.clear()
+    async with in_process_router(tmp_path, config(), engine) as ip:
+        async with aiohttp.ClientSession() as s:
+            resp = await chat(s, ip, stream=True)
+            await resp.content.readuntil(b"data: [DONE]\n\n")
+            resp.close()
+        await asyncio.sleep(0.2)  # the router sees the connection close
+        engine.ended.set()
+        for _ in range(100):
+            if backend_figures(ip) == (0, 0):
+                break
+            await asyncio.sleep(0.01)
+        metrics = ip.app[STATE].metrics.render().decode()
+        assert metric_in(metrics, "turnout_requests_total", {"code": "499"}) == 0
+        assert metric_in(metrics, "turnout_requests_total", {"reason": "ok"}, required=True) == 1
 
 
 async def test_an_in_flight_request_reports_to_the_policy_that_chose_even_after_a_reload(
