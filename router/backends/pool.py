@@ -53,6 +53,7 @@ class BackendState:
         # there (router.backends.shared) and that sum is what the properties below read.
         self._inflight = self._prompt = self._output = 0
         self._shared = shared
+        self._claims = 0  # slots taken by admission that no lease has adopted yet
         self.elsewhere = 0
         """Requests other router replicas have in flight here, as last heard
         (router.backends.fleet_load): with them ``max_inflight`` caps the fleet."""
@@ -159,6 +160,26 @@ class BackendState:
             self._prompt += prompt
             self._output += output
 
+    def claim(self) -> None:
+        """Count one more request in flight here now, for the lease its attempt opens next
+        (which adopts it rather than counting again): admission takes the slot in the same
+        step as it finds it free, under a lock the router's workers share."""
+        self._claims += 1
+        self._count(1, 0, 0)
+
+    def drop_claims(self) -> None:
+        """Give back the slots claimed that no lease adopted (a request gone between its
+        admission and its attempt)."""
+        if self._claims:
+            self._count(-self._claims, 0, 0)
+            self._claims = 0
+
+    def _adopt(self) -> bool:
+        if self._claims:
+            self._claims -= 1
+            return True
+        return False
+
     @property
     def healthy(self) -> bool:
         """Probes pass and the breaker lets a request through (see router.backends.breaker)."""
@@ -260,7 +281,7 @@ class BackendLease:
         self._prefilled = False
         self._released = False
         self._ticket = backend.breaker.started()
-        backend._count(1, req.prompt_tokens, self._output)
+        backend._count(0 if backend._adopt() else 1, req.prompt_tokens, self._output)
 
     @property
     def backend(self) -> BackendState:

@@ -9,7 +9,9 @@ backend (in flight, outstanding prompt and output tokens), and reads every row t
 
 No lock is needed: every slot has one writer, and each figure is an aligned 8-byte word,
 which the CPU reads and writes whole. A reader may see one worker's three figures from two
-moments a microsecond apart, which is no worse than the figures' own staleness.
+moments a microsecond apart, which is no worse than the figures' own staleness. What does
+need one step across workers, finding a backend below ``max_inflight`` and counting a request
+there, admission does under the fairness segment's lock (router.control.admission).
 
 A backend's slot is found by a 64-bit hash of its name, in a small open-addressed table per
 row (linear probing), so workers agree on a backend without agreeing on an order, also after

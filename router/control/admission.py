@@ -22,7 +22,10 @@ that may take it instead. A request counts as its tenant's from its admission un
 Across the workers of a router (a shared ledger, router.control.fair_shared) each worker
 publishes its first waiter per class; a slot freed in one worker goes to the router's first
 waiter: when another worker's goes before its own, that worker's doorbell is rung and it wakes
-its first waiter at once (:meth:`Admission.listen`).
+its first waiter at once (:meth:`Admission.listen`). Finding a backend with room and taking
+its slot are one step under the ledger's lock (:meth:`Ledger.taking`): the slot is counted at
+once and the attempt's lease, opened in the same step, adopts it, so two workers cannot both
+take a backend's last slot.
 
 The queues themselves (:class:`WaitQueues`) hold no clock and no event loop, so ``replay
 simulate`` runs the same queues, limits and refusals on its virtual clock.
@@ -264,8 +267,13 @@ class Admission:
         front = False
         while True:
             now = time.monotonic()
-            i = queues.room(cls, options, share, now) if seat is not None else first_free(options)
+            with self._ledger.taking():  # another worker's look waits until the slot is taken
+                i = first_free(options) if seat is None else queues.room(cls, options, share, now)
+                if i is not None:
+                    backend = options[i].backend
+                    backend.claim()  # the attempt's lease, opened in this step, adopts it
             if i is not None:
+                asyncio.get_running_loop().call_soon(backend.drop_claims)
                 queues.served(cls, share, *cost)
                 if seat is not None and seat.cls is None:
                     seat.cls, seat.share = cls, share

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -121,6 +122,10 @@ class Ledger(Protocol):
         """The requests ``key``'s tenant has in flight in the class, and the others sharing
         it: holding some, or seen at ``since`` or later."""
 
+    def taking(self) -> AbstractContextManager[object]:
+        """Held while a backend's room is looked at and a slot there taken, so that two
+        workers cannot both take its last slot (router.control.admission)."""
+
 
 class LocalLedger:
     """Counters in this process's memory (bounded by the configured keys: one per tenant)."""
@@ -165,6 +170,9 @@ class LocalLedger:
         cls, tenant = key
         row = self._held.setdefault(cls, {}).setdefault(tenant, [weight, now, 0.0])
         row[0], row[1], row[2] = weight, now, row[2] + delta
+
+    def taking(self) -> AbstractContextManager[object]:
+        return nullcontext()  # one process: its event loop does one take at a time
 
     def holdings(self, key: tuple[str, str | None], since: float) -> tuple[int, list[Holding]]:
         cls, me = key

@@ -59,6 +59,9 @@ class SharedFairness:
         os.ftruncate(self._held_fd, held)
         self._held_mem = mmap.mmap(self._held_fd, held)
         self._held = memoryview(self._held_mem).cast("d")
+        # Only locked, never mapped: taking a backend's slot (SharedLedger.taking) has a lock
+        # of its own, since a record lock taken again on one file is let go by the inner exit.
+        self._take_fd = os.memfd_create("turnout-take", os.MFD_CLOEXEC)
         # A doorbell per worker: another worker rings it for a slot that this one's first
         # waiter should take (it goes before the ringer's own).
         self._bells = tuple(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(workers))
@@ -68,7 +71,8 @@ class SharedFairness:
             raise ValueError(f"worker {worker} of {self.workers}")
         lock = RecordLock(self._fd)
         held = HeldTable(self._held, self.workers, worker, RecordLock(self._held_fd))
-        return SharedLedger(self._words, self._width, worker, lock, held, self._bells)
+        take = RecordLock(self._take_fd)
+        return SharedLedger(self._words, self._width, worker, lock, held, self._bells, take)
 
     def clear(self, worker: int) -> None:
         """Zero worker ``worker``'s waiting and in-flight counts (it died, and its requests
@@ -148,8 +152,10 @@ class SharedLedger:
         lock: RecordLock,
         held: HeldTable,
         bells: tuple[int, ...],
+        take: RecordLock,
     ) -> None:
         self.held = held
+        self._take = take
         self._bells = bells
         self._words = words
         self._width = width
@@ -254,6 +260,9 @@ class SharedLedger:
 
     def holdings(self, key: tuple[str, str | None], since: float) -> tuple[int, list[Holding]]:
         return self.held.holdings(key, since)
+
+    def taking(self) -> RecordLock:
+        return self._take
 
     def clear_queued(self) -> None:
         for cls in REQUEST_CLASSES:
