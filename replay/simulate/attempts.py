@@ -2,16 +2,18 @@
 queues, the attempts down the plan, failover and the per-class timeouts.
 
 The parts are the router's own: :class:`~router.control.admission.WaitQueues` with its limits
-and refusals, :func:`~router.control.plan.first_free` for which backend has room (the plan
-is made once; a woken waiter looks at its own attempts), the failover budget and backoff of
-``failover`` and the timeouts of ``timeouts``, as router.proxy.upstream and relay apply them
-to an emulated engine: an answer that is not streamed has its headers when it is whole, so
-past its deadline (``non_stream_total``, or ``total`` when smaller) the attempt fails and the
-request fails over to the next backend of its plan with room (waiting in its queue again when
-all are full), or gets 504 when none is left; a stream has its headers and opening event at
-once, so one whose first token has not come within ``idle`` is cut (a 200 that ends in an
-upstream_timeout error, no failover). A timed-out attempt blames its backend only when
-another backend then answers the request (router.proxy.upstream's evidence rule).
+and refusals, its fair order by tenant and its room check (``WaitQueues.room``: a backend's
+last ``reserve`` slots only for a tenant below its share; a failover hop looks with
+:func:`~router.control.plan.first_free`, as the router's does), the plan made once (a woken
+waiter looks at its own attempts; one that would find no room is passed over), the failover
+budget and backoff of ``failover`` and the timeouts of ``timeouts``, as router.proxy.upstream
+and relay apply them to an emulated engine: an answer that is not streamed has its headers when
+it is whole, so past its deadline (``non_stream_total``, or ``total`` when smaller) the attempt
+fails and the request fails over to the next backend of its plan with room (waiting in its
+queue again when all are full), or gets 504 when none is left; a stream has its headers and
+opening event at once, so one whose first token has not come within ``idle`` is cut (a 200 that
+ends in an upstream_timeout error, no failover). A timed-out attempt blames its backend only
+when another backend then answers the request (router.proxy.upstream's evidence rule).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from replay.simulate.requests import Refused, Routed
 from replay.simulate.world import Backend
 from router.backends.pool import BackendLease
 from router.config.model import RouterConfig
-from router.control.admission import WaitQueues
+from router.control.admission import Seat, WaitQueues
+from router.control.fair import NOBODY, Share
 from router.control.plan import Attempt, Plan, first_free
 
 Timer = Callable[[float], None]
@@ -56,6 +59,15 @@ class Waiter:
     """Leases of attempts that timed out, blamed if another backend answers."""
     waiting: bool = False
     """In an admission queue (a deadline queued for it is void otherwise)."""
+    seat: Seat = field(default_factory=Seat)
+    """Its place among its tenant's requests, from its admission until :meth:`Attempts.left`."""
+
+    @property
+    def share(self) -> Share:
+        """Its tenant, as captured (the capture keeps no key's weight or band: 1 and 0)."""
+        route = self.routed.item.record.route
+        tenant = route.tenant if route is not None else None
+        return NOBODY if tenant is None else Share(tenant)
 
 
 @dataclass(slots=True, eq=False)
@@ -126,11 +138,22 @@ class Attempts:
             self._wait(w, now)
 
     def _go(self, w: Waiter, now: float) -> bool:
-        i = first_free(w.rest)
+        """As ``Admission.take``: a first attempt looks as its tenant, a failover hop not."""
+        info, share = w.routed.info, w.share
+        cls = info.request_class
+        first = not w.failovers
+        i = self.queues.room(cls, w.rest, share, now) if first else first_free(w.rest)
         if i is None:
             return False
+        if first:
+            cost = (info.prompt_tokens, info.expected_output_tokens)
+            self.queues.admitted(cls, share, cost, w.seat, now)
         self._launch(w, w.rest.pop(i), now)
         return True
+
+    def left(self, w: Waiter, now: float) -> None:
+        """``w`` is answered or refused: its tenant holds one slot fewer (``Admission.leave``)."""
+        self.queues.left(w.seat, now)
 
     def _wait(self, w: Waiter, now: float, *, front: bool = False) -> None:
         cls = w.routed.info.request_class
@@ -138,7 +161,8 @@ class Attempts:
         if refusal is not None:
             self._refuse(w, Refused(refusal.status, refusal.message), now)
             return
-        self.queues.put(cls, w, front=front)
+        self.queues.put(cls, w, w.share, front=front)
+        self.queues.hold(cls, w.share, 0, now)  # seen: it shares the class while it waits
         self._waiting += 1
         w.waiting = True
         if not front:
@@ -147,15 +171,18 @@ class Attempts:
             )
 
     def released(self, now: float) -> None:
-        """A request left a backend: the first waiter looks again (``Admission.release``)."""
-        w = self.queues.pop()
-        if w is None:
-            return
-        self.queues.discard(w.routed.info.request_class, w)  # it looks for room at once
-        self._waiting -= 1
-        w.waiting = False
-        if not self._go(w, now):
-            self.queues.put(w.routed.info.request_class, w, front=True)
+        """A request left a backend: the first waiter that finds room goes; those before it
+        that find none keep their turn (``Admission.release``)."""
+        passed: list[Waiter] = []
+        while (w := self.queues.pop()) is not None:
+            self.queues.discard(w.routed.info.request_class, w)  # it looks for room at once
+            self._waiting -= 1
+            w.waiting = False
+            if self._go(w, now):
+                break
+            passed.append(w)
+        for w in reversed(passed):
+            self.queues.put(w.routed.info.request_class, w, w.share, front=True)
             self._waiting += 1
             w.waiting = True
 

@@ -216,6 +216,7 @@ class Simulation:
         try:
             f = self._start(w, attempt, now)
         except Refused as e:  # the engine's own error answer
+            self.router.left(w, now)
             self._refused(w.routed.item, w.routed, e, now, backend.state.name)
             return
         # held until its first token: a pd request's hops are not (as router.proxy.pd)
@@ -277,6 +278,7 @@ class Simulation:
                 backend.engine.capacity_tokens(), None, self.prompts,
             )  # fmt: skip
         except Refused as e:
+            self.router.left(w, now)
             self._refused(w.routed.item, w.routed, e, now, backend.state.name)
             return True
         seq.output_tokens, seq.hold_kv = 1, True
@@ -317,9 +319,11 @@ class Simulation:
         """A stream's first token has not come within ``idle``: the stream is cut."""
         if f.first is None and self._cut(f, now):
             message = f"backend {f.backend.state.name} sent nothing for too long"
+            self.router.left(f.waiter, now)
             self._refused(f.routed.item, f.routed, Refused(200, message), now, f.backend.state.name)
 
     def _refuse(self, w: Waiter, e: Refused, now: float) -> None:
+        self.router.left(w, now)
         self._refused(w.routed.item, w.routed, e, now)
 
     def _refused(
@@ -338,6 +342,7 @@ class Simulation:
         f.lease.ok()
         f.lease.release()
         self.router.answered(f.waiter)
+        self.router.left(f.waiter, now)
         self.router.released(now)
         first = f.first if f.first is not None else now
         e2e = now - f.sent

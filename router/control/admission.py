@@ -192,6 +192,23 @@ class WaitQueues(Generic[W]):
                 return i
         return None
 
+    def admitted(
+        self, cls: RequestClass, share: Share, cost: Cost, seat: Seat | None, now: float
+    ) -> None:
+        """A request of ``share`` costing ``cost`` (prompt tokens, output budget) goes at
+        ``now``: it is counted as served and, if ``seat`` is not yet taken, takes it."""
+        self.served(cls, share, *cost)
+        if seat is not None and seat.cls is None:
+            seat.cls, seat.share = cls, share
+            self.hold(cls, share, 1, now)
+
+    def left(self, seat: Seat, now: float) -> None:
+        """The request of ``seat`` is over: its tenant holds one slot fewer (if it was
+        admitted)."""
+        if seat.cls is not None:
+            self.hold(seat.cls, seat.share, -1, now)
+            seat.cls = None
+
     def hold(self, cls: RequestClass, share: Share, delta: int, now: float) -> None:
         """``share``'s tenant holds ``delta`` more of ``cls``'s slots (0: it is seen, waiting)."""
         if self.settings.for_class(cls).reserve:
@@ -274,10 +291,7 @@ class Admission:
                     backend.claim()  # the attempt's lease, opened in this step, adopts it
             if i is not None:
                 asyncio.get_running_loop().call_soon(backend.drop_claims)
-                queues.served(cls, share, *cost)
-                if seat is not None and seat.cls is None:
-                    seat.cls, seat.share = cls, share
-                    queues.hold(cls, share, 1, now)
+                queues.admitted(cls, share, cost, seat, now)
                 return options.pop(i)
             since = now if since is None else since
             refusal = queues.refusal(cls, since, now, front=front)
@@ -317,9 +331,7 @@ class Admission:
     def leave(self, seat: Seat) -> None:
         """The request of ``seat`` is over: its tenant holds one slot fewer (if it was
         admitted), and a waiter may take the slot."""
-        if seat.cls is not None:
-            self.queues.hold(seat.cls, seat.share, -1, time.monotonic())
-            seat.cls = None
+        self.queues.left(seat, time.monotonic())
         self.release()
 
     def release(self) -> None:
