@@ -23,6 +23,7 @@ from router.app import RELOADER, STATE
 from tests.procs import metric_in
 from tests.router.fake_upstream import MODEL, FakeEngine, InProcess, in_process_router
 from tests.router.harness import base_config, write_config
+from tests.router.rawserver import until
 
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
@@ -117,11 +118,7 @@ async def test_a_client_that_leaves_mid_stream_frees_the_backend(tmp_path: Path)
             await resp.content.readuntil(b"\n\n")
             assert backend_figures(ip)[0] == 1
             resp.close()  # drops the connection
-        for _ in range(100):
-            if backend_figures(ip) == (0, 0):
-                break
-            await asyncio.sleep(0.01)
-        assert backend_figures(ip) == (0, 0)
+        await until(lambda: backend_figures(ip) == (0, 0), 1.0)
         metrics = ip.app[STATE].metrics.render().decode()
         assert 'code="499"' in metrics
         engine.release.set()
@@ -139,10 +136,7 @@ async def test_a_client_that_leaves_right_after_done_was_served_whole(tmp_path: 
             resp.close()
         await asyncio.sleep(0.2)  # the router sees the connection close
         engine.ended.set()
-        for _ in range(100):
-            if backend_figures(ip) == (0, 0):
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: backend_figures(ip) == (0, 0), 1.0)
         metrics = ip.app[STATE].metrics.render().decode()
         assert metric_in(metrics, "turnout_requests_total", {"code": "499"}) == 0
         assert metric_in(metrics, "turnout_requests_total", {"reason": "ok"}, required=True) == 1
