@@ -111,6 +111,8 @@ def build_app(
     ``tracing``: what the environment asks for unless given (router.observe.tracing).
     """
     metrics = metrics if metrics is not None else Metrics()
+    if router is None:
+        router = RouterName(unique_name(), publishes=True)
     pool = Pool(
         config.backends,
         config.aliases,
@@ -124,7 +126,7 @@ def build_app(
         required=config.require_api_key,
         protect_metrics=config.metrics_require_admin,
         anonymous=config.anonymous,
-        store=_quota_store(config, quotas or QuotaTable.private(), metrics),
+        store=_quota_store(config, quotas or QuotaTable.private(), metrics, router.publishes),
     )
     state = RouterState(
         snapshot=Snapshot(config, policies, gate, slo_table(policies, config.default_policy)),
@@ -147,8 +149,6 @@ def build_app(
     guards = [_errors, single_headers, admin_only(lambda: state.gate)]
     app = web.Application(client_max_size=config.listen.max_body_bytes, middlewares=guards)
     app[STATE] = state
-    if router is None:
-        router = RouterName(unique_name(), publishes=True)
     app.cleanup_ctx.append(
         partial(_lifespan, resolver=resolver, router=router, placements=placements)
     )
@@ -167,13 +167,20 @@ def build_app(
     return app
 
 
-def _quota_store(config: RouterConfig, local: QuotaTable, metrics: Metrics) -> QuotaStore:
-    """Redis when the config names one (``local`` decides while it is out), else ``local``."""
+def _quota_store(
+    config: RouterConfig, local: QuotaTable, metrics: Metrics, speaks: bool
+) -> QuotaStore:
+    """Redis when the config names one (``local`` decides while it is out), else ``local``;
+    ``speaks``: this process logs the router's outages (router.backends.fleet_load)."""
     settings = config.limits.store
     if settings.redis_url is None:
         return local
     store = RedisQuotas(
-        settings.redis_url, settings.on_error, local, on_local=metrics.stores.limits_local
+        settings.redis_url,
+        settings.on_error,
+        local,
+        on_local=metrics.stores.limits_local,
+        speaks=speaks,
     )
     metrics.stores.watch_limits_store(lambda: 1.0 if store.up else 0.0)
     return store
@@ -384,7 +391,9 @@ async def _lifespan(
     load = None if url is None else FleetLoad(url, state.pool, router, state.admission.release)
     if load is not None:
         await load.start()
-    feed = PlacementFeed(lambda: state.policies, placements, url, router.id)
+    feed = PlacementFeed(
+        lambda: state.policies, placements, url, router.id, speaks=router.publishes
+    )
     if feed.active:
         state.placement = feed
         await feed.start()

@@ -10,7 +10,8 @@ the policies then see the fleet's in-flight count. It is exchanged off the reque
 it is as old as one period and a round trip: replicas admitting at once may pass a cap by
 what they admit within it. When another replica's count falls, waiters in the admission
 queues are woken, as a request ending here wakes them. Redis unreachable, each router caps
-alone again (the counts of the others drop to 0), logged once, and once when it is back.
+alone again (the counts of the others drop to 0), logged once (by the process that speaks
+for the router), and once when it is back.
 """
 
 from __future__ import annotations
@@ -24,16 +25,15 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from router.backends.pool import Pool
+from router.store_client import store_client
 
 log = logging.getLogger("router")
 
 PERIOD = 0.2
 TTL_MS = 2000
-TIMEOUT = 0.5
 PREFIX = "turnout:load:"
 ROUTERS = PREFIX + "routers"
 
@@ -55,14 +55,13 @@ class FleetLoad:
     """One process's share in the exchange."""
 
     def __init__(self, url: str, pool: Pool, name: RouterName, freed: Callable[[], None]) -> None:
-        self._redis = Redis.from_url(
-            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, retry_on_timeout=False
-        )
+        self._redis = store_client(url)
         self._pool = pool
         self._name = name
         self._freed = freed
         self._task: asyncio.Task[None] | None = None
         self.up = True
+        self._level = logging.WARNING if name.publishes else logging.DEBUG  # one line per router
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -111,7 +110,7 @@ class FleetLoad:
             await self._redis.srem(ROUTERS, *gone)
         if not self.up:
             self.up = True
-            log.warning("fleet load reachable again: max_inflight caps the fleet again")
+            log.log(self._level, "fleet load reachable again: max_inflight caps the fleet again")
         self._set(totals)
 
     def _set(self, totals: dict[str, int]) -> None:
@@ -124,7 +123,8 @@ class FleetLoad:
     def _lost(self, exc: BaseException) -> None:
         if self.up:
             self.up = False
-            log.warning(
+            log.log(
+                self._level,
                 "fleet load unreachable (%s): max_inflight caps each router alone until it answers",
                 type(exc).__name__,
             )

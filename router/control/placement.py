@@ -36,12 +36,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 import orjson
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from policies.base import Policy, SharesLearning, SharesPlacement
 from policies.types import Lesson, Outcome, RequestInfo
+from router.store_client import store_client
 
 log = logging.getLogger("router")
 _LESSON = "lesson"
@@ -134,24 +133,19 @@ class PlacementFeed:
         rings: WorkerRings | None,
         redis_url: str | None,
         router: str,
+        *,
+        speaks: bool = True,
     ) -> None:
         """``policies``: the live ones (a reload swaps them); ``router``: this router's
-        name, the same in all its workers."""
+        name, the same in all its workers; ``speaks``: this process logs the channel's
+        outages for its router (its other workers at debug level)."""
         self._policies = policies
         self._rings = rings
         self._router = router.encode()
-        self._redis = (
-            None
-            if redis_url is None
-            # One retry at once (a pooled connection a restarted server dropped), no backoff:
-            # a publish stuck in redis-py's backoff holds up every lesson after it for seconds.
-            else Redis.from_url(
-                redis_url,
-                socket_timeout=0.5,
-                socket_connect_timeout=0.5,
-                retry=Retry(NoBackoff(), 1),
-            )
-        )
+        # No backoff (store_client): a publish stuck in redis-py's backoff would hold up
+        # every lesson after it for seconds.
+        self._redis = None if redis_url is None else store_client(redis_url)
+        self._level = logging.WARNING if speaks else logging.DEBUG
         self._outbox: list[bytes] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.shared = redis_url is not None
@@ -254,7 +248,8 @@ class PlacementFeed:
     def _lost(self, exc: BaseException) -> None:
         if self.shared:
             self.shared = False
-            log.warning(
+            log.log(
+                self._level,
                 "placement channel unreachable (%s): this router learns from itself alone",
                 type(exc).__name__,
             )
@@ -262,7 +257,7 @@ class PlacementFeed:
     def _back(self) -> None:
         if not self.shared:
             self.shared = True
-            log.warning("placement channel reachable again: placements are shared again")
+            log.log(self._level, "placement channel reachable again: placements are shared again")
 
 
 def _figures(lesson: Lesson) -> list[object]:

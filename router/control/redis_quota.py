@@ -16,9 +16,10 @@ keys by name, which a single Redis server (not a cluster) allows.
 
 When Redis cannot be reached, ``on_error`` decides: ``allow`` reserves from the router's own
 table (router.control.quota, shared by its workers), ``deny`` refuses with 503. Either way
-one line is logged when it starts and one when Redis answers again, and every request so
-decided is counted (``turnout_limits_local_total``); meanwhile a probe asks once a second
-rather than each request. Settlements of reservations made in Redis wait for it (at most
+one line is logged when it starts and one when Redis answers again (by one process of each
+router; its other workers log them at debug level), and every request so decided is
+counted (``turnout_limits_local_total``); meanwhile a probe asks once a second rather than
+each request. Settlements of reservations made in Redis wait for it (at most
 :data:`MAX_PENDING`).
 """
 
@@ -32,21 +33,19 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
 from router.backends.fleet_load import unique_name
 from router.config.model import StoreOnError
 from router.control.quota import Limits, QuotaTable, Refusal, Settler
+from router.store_client import store_client
 
 log = logging.getLogger("router")
 
 HEARTBEAT = 5.0
 ALIVE_SECONDS = 15
 PROBE_SECONDS = 1.0
-TIMEOUT = 0.5
-"""Seconds a Redis call may take before Redis counts as unreachable."""
 MAX_PENDING = 100_000
 IDLE_SECONDS = 300
 """A quota untouched this long is dropped from Redis: its buckets have refilled long since."""
@@ -134,15 +133,17 @@ class RedisQuotas:
         local: QuotaTable,
         *,
         on_local: Callable[[str], None] = lambda outcome: None,
+        speaks: bool = True,
     ) -> None:
         """``on_local(outcome)``: a request decided without Redis (``allowed`` or
-        ``refused`` by the local table, or ``denied`` for the outage)."""
-        self._redis = Redis.from_url(
-            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, retry_on_timeout=False
-        )
+        ``refused`` by the local table, or ``denied`` for the outage). ``speaks``: this
+        process logs the outage for its router (the others of its workers at debug level,
+        as router.backends.fleet_load.RouterName says who speaks)."""
+        self._redis = store_client(url)
         self._on_error = on_error
         self._local = local
         self._on_local = on_local
+        self._level = logging.WARNING if speaks else logging.DEBUG
         self._reserve = self._redis.register_script(RESERVE)
         self._settle = self._redis.register_script(SETTLE)
         self.process = unique_name()
@@ -309,7 +310,7 @@ class RedisQuotas:
                 continue
             if not self.up:
                 self.up = True
-                log.warning("limits store reachable again: limits are shared again")
+                log.log(self._level, "limits store reachable again: limits are shared again")
                 self._wake.set()
 
     def _lost(self, exc: BaseException) -> None:
@@ -319,4 +320,9 @@ class RedisQuotas:
         self.up = False
         self._blocked.clear()
         then = "this router's own buckets decide" if self._on_error == "allow" else "503"
-        log.warning("limits store unreachable (%s): %s until it answers", type(exc).__name__, then)
+        log.log(
+            self._level,
+            "limits store unreachable (%s): %s until it answers",
+            type(exc).__name__,
+            then,
+        )

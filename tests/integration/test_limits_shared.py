@@ -6,6 +6,7 @@ a router's workers (SO_REUSEPORT) as it would a fleet of clients."""
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -169,3 +170,55 @@ def test_a_class_queue_is_bounded_across_the_workers_of_a_router(
     assert len(full) == 4  # two waited, in whichever worker: the queue is the router's
     assert {r.headers["x-turnout-refused"] for r in full} == {"queue_full"}
     assert len({worker(r) for r in replies}) == 2
+
+
+OUTAGE_LINES = [
+    "limits store unreachable (",
+    "limits store reachable again:",
+    "placement channel unreachable (",
+    "placement channel reachable again:",
+    "fleet load unreachable (",
+    "fleet load reachable again:",
+]
+
+
+def test_an_outage_is_logged_once_per_router_and_so_is_the_recovery(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    """Redis stopped and started under traffic: each of the three clients of the store says
+    it lost it and has it back once, for both workers of the router. (Each connection the
+    pool kept through the outage used to fail one call after the restart, and each such
+    failure reported a new outage.)"""
+    log = tmp_path / "router.log"
+    with start_redis() as own:
+        doc = config(emulator, own.url, requests_per_minute=100_000)
+        doc["backends"][0]["max_inflight"] = 64  # so the fleet load is exchanged
+        doc["default_policy"] = "cache-aware"  # so placements are published
+        doc["policies"]["cache-aware"] = {"type": "cache-aware"}
+        with (
+            start_router(write_config(tmp_path, doc), ["--workers", "2"], stderr=log) as r,
+            ThreadPoolExecutor(4) as pool,
+        ):
+            stop = threading.Event()
+
+            def traffic() -> list[int]:
+                statuses: list[int] = []
+                while not stop.is_set():
+                    statuses.append(chat(r.url).status)
+                return statuses
+
+            clients = [pool.submit(traffic) for _ in range(4)]
+            time.sleep(1.0)
+            own.stop()
+            time.sleep(2.0)  # longer than each client's probe: all three notice
+            own.start()
+            again = [line for line in OUTAGE_LINES if "again" in line]
+            assert wait_for(lambda: all(line in log.read_text() for line in again), 15)
+            time.sleep(2.0)  # traffic on the pools' connections from before the outage
+            stop.set()
+            statuses = [s for c in clients for s in c.result()]
+    assert set(statuses) == {200}  # the local buckets served meanwhile
+    text = log.read_text()
+    counts = {line: text.count(line) for line in OUTAGE_LINES}
+    assert counts == dict.fromkeys(OUTAGE_LINES, 1), text
+    assert own.url not in text
