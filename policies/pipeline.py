@@ -100,6 +100,8 @@ class PipelinePolicy:
     _nominators: tuple[Nominates, ...] = field(init=False)
     _filter_runs: tuple[_FilterRun, ...] = field(init=False)
     _scorer_runs: tuple[tuple[Scorer, float, _Timer], ...] = field(init=False)
+    _tiered_runs: tuple[tuple[Scorer, float, _Timer], ...] = field(init=False)
+    """The scorers a ranking drawn by tier still needs: not those that only order tiers."""
     _pick_timer: _Timer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +131,9 @@ class PipelinePolicy:
             (s, w, obs.plugin_timer(name, "scorer", label))
             for (s, w), (_, label) in zip(self.scorers, scorer_labels, strict=True)
         )
+        self._tiered_runs = tuple(
+            run for run in self._scorer_runs if not getattr(run[0], "orders_tiers", False)
+        )
         ((_, picker_label),) = plugin_labels((self.picker_type,), (self.picker,))
         self._pick_timer = obs.plugin_timer(name, "picker", picker_label)
 
@@ -154,10 +159,13 @@ class PipelinePolicy:
             self._pick_timer(clock() - t0)
             return Decision(ranked=tuple(rotated), memo=survivors)
         drawn = self._draw(req, survivors)
+        runs = self._scorer_runs
         if drawn is not None:
             survivors = drawn.scored
+            if self.tiers is not None:  # the draw keeps the tiers' order itself
+                runs = self._tiered_runs
         totals = dict.fromkeys((c.name for c in survivors), 0.0)
-        for scorer, weight, timer in self._scorer_runs:
+        for scorer, weight, timer in runs:
             t0 = clock()
             scores = scorer.score(req, survivors)
             timer(clock() - t0)

@@ -10,8 +10,9 @@ The ranking is then those by score, then the next candidates in turn from a rand
 passing over backends at their ``max_inflight``.
 
 Where a policy's candidates come in tiers (``class-split``'s list order per class), each tier
-is sampled on its own and the ranking keeps the tiers' order, so a tier is still preferred
-whole to the next.
+is sampled on its own, in order, until the ranking is long enough, and the ranking keeps the
+tiers' order, so a tier is still preferred whole to the next. The scorers that only order the
+tiers (``orders_tiers``) are then not run: the draw's order is theirs already.
 
 The draws come from the policy's own seeded generator, so a run in virtual time repeats.
 """
@@ -143,26 +144,30 @@ def draw_tiers(
     sampling: Sampling,
     rng: random.Random,
 ) -> Drawn:
-    """:func:`draw` within each tier (configured names), the ranking in tier order."""
-    scored: list[Candidate] = []
-    tail: list[str] = []
-    tier: dict[str, int] = {}
+    """:func:`draw` within each tier (configured names) until the ranking is long enough,
+    the ranking in tier order. Most often the first tier fills it alone: its draw is then
+    the ranking as it is (no tier per name, nothing to sort), and later tiers are not read."""
+    parts: list[Drawn] = []
     room = sampling.ranked
-    for t, groups in enumerate(tiers):
+    for groups in tiers:
+        if room <= 0:
+            break
         members = in_groups(candidates, groups)
-        if not members or room <= 0:
+        if not members:
             continue
         if sampling.applies(len(members)):
             part = draw(members, sampling, rng, count=room)
-            got, rest = part.scored, part.tail
         else:
-            got, rest = list(members[:room]), []
-        scored += got
-        tail += rest
-        room -= len(got) + len(rest)
-        for name in (*(c.name for c in got), *rest):
-            tier[name] = t
-    return Drawn(scored, tail, tier)
+            part = Drawn(list(members[:room]), [])
+        parts.append(part)
+        room -= len(part.scored) + len(part.tail)
+    if len(parts) == 1:
+        return parts[0]
+    tier = {c.name: t for t, part in enumerate(parts) for c in part.scored}
+    tier.update((name, t) for t, part in enumerate(parts) for name in part.tail)
+    return Drawn(
+        [c for part in parts for c in part.scored], [n for part in parts for n in part.tail], tier
+    )
 
 
 def draw_pools(

@@ -38,6 +38,10 @@ class ClassAffinityScorer:
     Tier ``i`` of ``n`` scores ``(n - i) / n``; backends not listed for the class score 0.
     """
 
+    orders_tiers: ClassVar[bool] = True
+    """Its scores only order the tiers: a policy that samples each tier and keeps the
+    ranking in tier order (``class-split`` at size, policies/sampling.py) skips it."""
+
     tiers: dict[RequestClass, dict[str, float]]
 
     def score(self, req: RequestInfo, candidates: Sequence[Candidate]) -> Mapping[str, float]:

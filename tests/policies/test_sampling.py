@@ -54,7 +54,7 @@ CASES = [
     ("round-robin", {}, 0),
     ("least-outstanding", {}, 2),
     ("pinned", {"engine": "vllm"}, 2),
-    ("class-split", SPLIT, 4),
+    ("class-split", SPLIT, 2),  # its first tier fills the ranking: the next is not read
     ("cache-aware", {}, 2),
     ("adaptive", ADAPTIVE, 4),
 ]
@@ -135,6 +135,31 @@ def test_class_split_keeps_its_tiers_when_sampling() -> None:
         ranked = split.choose(make_request(cls), members.view()).ranked
         tiers = [name.startswith(first) for name in ranked]
         assert tiers[0] and tiers == sorted(tiers, reverse=True)  # one tier, then the next
+
+
+def test_class_split_orders_a_sampled_tier_by_load() -> None:
+    replicas = fleet(FLEET // 2, FLEET // 2)
+    for i, r in enumerate(replicas):
+        r.inflight = i % 7
+    load = {r.name: r.inflight for r in replicas}
+    members = CandidateSet(replicas)
+    split = policy("class-split", SPLIT)
+    for _ in range(50):
+        ranked = split.choose(make_request(), members.view()).ranked
+        first, second = ranked[:2]  # the two drawn, the less loaded first
+        assert first.startswith("vllm@") and load[first] <= load[second]
+    assert all(r.snapshots == 0 for r in replicas if r.engine == "deepinfer")
+
+
+def test_class_split_goes_on_to_the_next_tier_in_order() -> None:
+    """A first tier too small to fill the ranking is ranked whole (by load), then the next
+    tier's draw: its backends come after, however idle they are."""
+    busy = [Replica("vllm", "vllm", inflight=9), Replica("vllm@10.0.0.2", "vllm", inflight=1)]
+    idle = [Replica(f"deepinfer@10.1.0.{i}", "deepinfer") for i in range(40)]
+    split = build_policy("p", "class-split", SPLIT, BACKENDS, failover=5)
+    ranked = split.choose(make_request(), CandidateSet(busy + idle).view()).ranked
+    assert ranked[:2] == ("vllm@10.0.0.2", "vllm")
+    assert len(ranked) == 5 and all(name.startswith("deepinfer@") for name in ranked[2:])
 
 
 @pytest.mark.parametrize("kind", ["cache-aware", "adaptive"])
