@@ -88,6 +88,7 @@ class AdaptivePolicy:
     reads_prefix: ClassVar[bool] = True
     shares_placement: ClassVar[bool] = True
     shares_learning: ClassVar[bool] = True
+    shares_spills: ClassVar[bool] = True
 
     name: str
     settings: AdaptiveSettings
@@ -176,7 +177,7 @@ class AdaptivePolicy:
                 self.spills.reconcile(chosen.candidates[i])
         self.predictor.note(req, chosen.ahead, decision.scores)
         if chosen.spill == backend:
-            self.spills.note(req.request_id, backend, req.prompt_tokens)
+            self.spills.note(("", req.request_id), backend, req.prompt_tokens)
         self.cache.observe(req, chosen.healthy)
         self.cache.record(backend, req.prefix_blocks)
 
@@ -322,7 +323,7 @@ class AdaptivePolicy:
     def on_finish(self, req: RequestInfo, backend: str, outcome: Outcome) -> None:
         """Learn prefill rates, release spill slots, and track interactive attainment."""
         lesson = self.predictor.observe(req, backend, outcome)
-        self.spills.forget(req.request_id)
+        self.spills.forget(("", req.request_id))
         if outcome.ok:
             self.cache.record(backend, req.prefix_blocks)
         self._learn(lesson)
@@ -340,6 +341,20 @@ class AdaptivePolicy:
         if group_of(lesson.backend) in self.engines:
             self.predictor.learn(lesson)
             self._learn(lesson)
+
+    def spill(self, request_id: str) -> tuple[str, int] | None:
+        """Where this process's ``request_id`` is spilled, and its prompt tokens, while open
+        (:class:`policies.base.SharesSpills`)."""
+        return self.spills.of(("", request_id))
+
+    def spill_opened(self, origin: str, request_id: str, backend: str, prompt_tokens: int) -> None:
+        """Another worker of the router spilled ``request_id`` to ``backend``."""
+        if origin and group_of(backend) in self.engines:
+            self.spills.note((origin, request_id), backend, prompt_tokens)
+
+    def spill_closed(self, origin: str, request_id: str) -> None:
+        """Another worker's spilled ``request_id`` finished."""
+        self.spills.forget((origin, request_id))
 
     def learn(self, backend: str, blocks: Sequence[int]) -> None:
         """Another router process sent a prompt of ``blocks`` to ``backend``

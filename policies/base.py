@@ -94,6 +94,30 @@ class SharesLearning(Protocol):
 
 
 @runtime_checkable
+class SharesSpills(Protocol):
+    """A policy that caps the requests it spills onto a backend (``adaptive``'s batch spills
+    onto a low-TTFT replica) by how many the router has open there, whichever worker sent them.
+
+    Right after a request's ``committed`` the router asks :meth:`spill` whether the request
+    was spilled, and just before its ``on_finish`` asks again; what is open it passes on to the
+    router's other workers (router.control.placement), whose instances count it through
+    :meth:`spill_opened` until :meth:`spill_closed`. ``origin`` names the worker that spilled
+    it (never empty). A policy whose ``shares_spills`` attribute is true is one.
+    """
+
+    def spill(self, request_id: str) -> tuple[str, int] | None:
+        """The backend this process's ``request_id`` is spilled to and its prompt tokens,
+        while it is open (None: it is not); changes nothing."""
+        ...
+
+    def spill_opened(
+        self, origin: str, request_id: str, backend: str, prompt_tokens: int
+    ) -> None: ...
+
+    def spill_closed(self, origin: str, request_id: str) -> None: ...
+
+
+@runtime_checkable
 class Forgets(Protocol):
     """A policy or plugin that keeps figures per backend name.
 

@@ -3,7 +3,8 @@ notes of which spilled requests are still open on which low-TTFT replica.
 
 A spill borrows a low-TTFT replica for a batch request (policies/adaptive.py says when). How
 many may be open at once on one replica is :class:`SpillGovernor`'s limit, and how many are
-is :class:`SpillNotes`' count, kept from ``committed`` to ``on_finish``.
+is :class:`SpillNotes`' count, kept from ``committed`` to ``on_finish``: the router's, as the
+router's other workers tell the policy of theirs (policies.base.SharesSpills).
 """
 
 from __future__ import annotations
@@ -78,13 +79,19 @@ class SpillGovernor:
             self.limit = min(float(self.settings.max_inflight), self.limit + _LIMIT_STEP)
 
 
+SpillKey = tuple[str, str]
+"""A spilled request: the router process that spilled it (``""``: this one) and its request
+id (two workers may each see a client's X-Request-Id)."""
+
+
 @dataclass(slots=True)
 class SpillNotes:
-    """The spilled requests open per backend (request id -> prompt tokens, oldest first)."""
+    """The spilled requests open per backend (request -> prompt tokens, oldest first), this
+    process's and those the router's other workers said they opened."""
 
-    _open: dict[str, OrderedDict[str, int]] = field(default_factory=dict)
-    _where: dict[str, str] = field(default_factory=dict)
-    """Request id -> the backend it was spilled to."""
+    _open: dict[str, OrderedDict[SpillKey, int]] = field(default_factory=dict)
+    _where: dict[SpillKey, str] = field(default_factory=dict)
+    """Request -> the backend it was spilled to."""
 
     def count(self, backend: str) -> int:
         """Spilled requests open on ``backend``."""
@@ -99,32 +106,38 @@ class SpillNotes:
         """The backends with open spilled requests."""
         return list(self._open)
 
-    def note(self, request_id: str, backend: str, prompt_tokens: int) -> None:
-        """``request_id`` was spilled to ``backend``."""
-        self.forget(request_id)  # a client may reuse an X-Request-Id
-        self._open.setdefault(backend, OrderedDict())[request_id] = prompt_tokens
-        self._where[request_id] = backend
+    def of(self, key: SpillKey) -> tuple[str, int] | None:
+        """The backend ``key`` is spilled to and its prompt tokens, while it is open."""
+        backend = self._where.get(key)
+        return None if backend is None else (backend, self._open[backend][key])
 
-    def forget(self, request_id: str) -> None:
-        """``request_id`` finished (or was never spilled)."""
-        backend = self._where.pop(request_id, None)
+    def note(self, key: SpillKey, backend: str, prompt_tokens: int) -> None:
+        """``key`` was spilled to ``backend``."""
+        self.forget(key)  # a client may reuse an X-Request-Id
+        self._open.setdefault(backend, OrderedDict())[key] = prompt_tokens
+        self._where[key] = backend
+
+    def forget(self, key: SpillKey) -> None:
+        """``key`` finished (or was never spilled)."""
+        backend = self._where.pop(key, None)
         if backend is not None:
             records = self._open[backend]
-            del records[request_id]
+            del records[key]
             if not records:  # no empty record per backend that ever was (they come and go)
                 del self._open[backend]
 
     def reconcile(self, c: Candidate) -> None:
         """Drop notes the router can no longer have open on ``c``.
 
-        A request that never reached a backend may never be reported to ``on_finish``;
-        the router's own in-flight count bounds how many spilled requests can still be
-        open there, so the oldest notes beyond it are stale.
+        A request that never reached a backend may never be reported to ``on_finish``, and
+        another worker's word that its spill ended may be lost (it died, or this one fell a
+        ring behind); the router's in-flight count (every worker's) bounds how many spilled
+        requests can still be open there, so the oldest notes beyond it are stale.
         """
         records = self._open.get(c.name)
         while records and len(records) > c.inflight:
-            request_id, _ = records.popitem(last=False)
-            del self._where[request_id]
+            key, _ = records.popitem(last=False)
+            del self._where[key]
 
 
 def queued_share(c: Candidate) -> float:

@@ -19,6 +19,15 @@ A policy that learns estimates from outcomes (``shares_learning``: ``adaptive``'
 TPOT, batch pace and interactive attainment, policies.base.SharesLearning) passes on the
 :class:`~policies.types.Lesson` of each finished request the same way.
 
+A policy that caps what it spills onto a backend (``shares_spills``: ``adaptive``'s batch
+spills, policies.base.SharesSpills) passes on each spill it commits, and its end, to the
+other workers, on the rings only. A worker reads the rings again just before such a policy
+chooses, so a spill another worker committed a moment ago counts against the limit at once,
+not a poll later. What stays unsaid (a worker that died, a ring lapped) the policy drops by
+the router's in-flight count, which sums every worker's (router.backends.shared). Replicas
+do not exchange spills: nothing they share would bound another replica's notes, so one lost
+message would hold a slot for good; each router's spill limit is its own.
+
 Receiving processes call the policy's ``learn`` (a placement) or ``taught`` (a lesson); a
 policy stays pure and never sees where an event came from. A prompt's first
 :data:`MAX_SHARED_BLOCKS` blocks are passed on. A reader that falls a whole ring behind
@@ -38,7 +47,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from policies.base import Policy, SharesLearning, SharesPlacement
+from policies.base import Policy, SharesLearning, SharesPlacement, SharesSpills
 from policies.types import Lesson, Outcome, RequestInfo
 from router.store_client import store_client
 
@@ -46,6 +55,9 @@ log = logging.getLogger("router")
 _LESSON = "lesson"
 """A lesson's payload is ``[policy, backend, "lesson", [its figures]]``; a placement's has
 three items, so a router that knows only placements skips lessons as malformed."""
+_SPILL, _SPILL_END = "spill", "spill-end"
+"""``[policy, backend, "spill", [origin, request id, prompt tokens]]`` and
+``[policy, backend, "spill-end", [origin, request id]]``."""
 
 POLL = 0.02
 RING_BYTES = 4 << 20
@@ -80,7 +92,7 @@ class WorkerRings:
         self._written = [
             memoryview(mem)[w * stride : w * stride + _HEAD].cast("q") for w in range(workers)
         ]
-        self._worker = worker
+        self.worker = worker
         self._read = [self._written[w][0] for w in range(workers)]  # start from now
         self.lost = 0
 
@@ -88,15 +100,15 @@ class WorkerRings:
         """Append one record (its length, then ``payload``); the count last, so a reader
         never sees a record before all of it is there."""
         record = len(payload).to_bytes(4, "little") + payload
-        at = self._written[self._worker][0]
-        self._put(self._data[self._worker], at % self._size, record)
-        self._written[self._worker][0] = at + len(record)
+        at = self._written[self.worker][0]
+        self._put(self._data[self.worker], at % self._size, record)
+        self._written[self.worker][0] = at + len(record)
 
     def read(self) -> list[bytes]:
         """The records the other workers wrote since the last read."""
         out: list[bytes] = []
         for w, data in enumerate(self._data):
-            if w == self._worker:
+            if w == self.worker:
                 continue
             end, pos = self._written[w][0], self._read[w]
             if end - pos > self._size:  # lapped: what was there is overwritten
@@ -142,6 +154,7 @@ class PlacementFeed:
         self._policies = policies
         self._rings = rings
         self._router = router.encode()
+        self._origin = "" if rings is None else str(rings.worker)
         # No backoff (store_client): a publish stuck in redis-py's backoff would hold up
         # every lesson after it for seconds.
         self._redis = None if redis_url is None else store_client(redis_url)
@@ -162,14 +175,36 @@ class PlacementFeed:
             return
         self._send(orjson.dumps([policy.name, backend, blocks[:MAX_SHARED_BLOCKS]]))
 
+    def catch_up(self, policy: Policy) -> None:
+        """Learn now what the other workers wrote since the last poll, when ``policy`` is
+        about to choose and counts spills: their latest count against its limit here."""
+        if self._rings is not None and getattr(policy, "shares_spills", False):
+            for payload in self._rings.read():
+                self.learn(payload)
+
+    def committed(self, policy: Policy, request_id: str) -> None:
+        """``policy`` has committed ``request_id``: the other workers hear of its spill."""
+        self._spill(policy, request_id, _SPILL)
+
     def finished(self, policy: Policy, req: RequestInfo, backend: str, outcome: Outcome) -> None:
-        """``req``, sent by ``policy``, finished on ``backend``: pass on its lesson. Called
-        before the policy's ``on_finish`` (which lets go of what the lesson reads)."""
+        """``req``, sent by ``policy``, finished on ``backend``: pass on its lesson and the
+        end of its spill. Called before the policy's ``on_finish`` (which lets go of what
+        they read)."""
+        self._spill(policy, req.request_id, _SPILL_END)
         if not isinstance(policy, SharesLearning) or not getattr(policy, "shares_learning", 0):
             return
         lesson = policy.lesson(req, backend, outcome)
         if lesson is not None:
             self._send(orjson.dumps([policy.name, backend, _LESSON, _figures(lesson)]))
+
+    def _spill(self, policy: Policy, request_id: str, kind: str) -> None:
+        if self._rings is None or not getattr(policy, "shares_spills", False):
+            return
+        if not isinstance(policy, SharesSpills) or (spill := policy.spill(request_id)) is None:
+            return
+        backend, tokens = spill
+        figures = [self._origin, request_id] + ([tokens] if kind == _SPILL else [])
+        self._rings.write(orjson.dumps([policy.name, backend, kind, figures]))
 
     def _send(self, payload: bytes) -> None:
         if self._rings is not None:
@@ -186,6 +221,10 @@ class PlacementFeed:
             if len(rest) == 2 and rest[0] == _LESSON:
                 if isinstance(policy, SharesLearning) and getattr(policy, "shares_learning", 0):
                     policy.taught(_lesson(str(backend), rest[1]))
+                return
+            if len(rest) == 2 and rest[0] in (_SPILL, _SPILL_END):
+                if isinstance(policy, SharesSpills) and getattr(policy, "shares_spills", 0):
+                    _spilled(policy, str(backend), rest[0] == _SPILL, rest[1])
                 return
             [blocks] = rest
         except (ValueError, TypeError, AttributeError):
@@ -289,6 +328,19 @@ def _lesson(backend: str, figures: object) -> Lesson:
         _seconds(ttft), _seconds(e2e), _seconds(tpot),
     )  # fmt: skip
     return Lesson(backend, cls, stream is True, _count(prompt), float(_count(ahead)), outcome)
+
+
+def _spilled(policy: SharesSpills, backend: str, opened: bool, figures: object) -> None:
+    """Tell ``policy`` of the spill :meth:`PlacementFeed._spill` wrote (ValueError or
+    TypeError when it is not one)."""
+    if not isinstance(figures, list):
+        raise TypeError(figures)
+    if opened:
+        origin, request_id, tokens = figures
+        policy.spill_opened(str(origin), str(request_id), backend, _count(tokens))
+    else:
+        origin, request_id = figures
+        policy.spill_closed(str(origin), str(request_id))
 
 
 def _count(value: object) -> int:

@@ -113,6 +113,8 @@ async def handle(
             opened = await open_two_hop(two, ex.hops)
         else:
             t = time.monotonic()
+            if state.placement is not None:  # the other workers' latest spills count here
+                state.placement.catch_up(policy)
             planned = plan_timed(state, policy, info, config.failover.max_attempts)
             targets = with_bodies(planned, parsed, ex.body, PATHS[endpoint], add_usage, share.band)
             cost = (info.prompt_tokens, info.expected_output_tokens)
@@ -120,6 +122,7 @@ async def handle(
             policy.committed(info, planned.decision, first.backend.name)
             if state.placement is not None:
                 state.placement.placed(policy, first.backend.name, info.prefix_blocks)
+                state.placement.committed(policy, info.request_id)
             targets.insert(0, first)
             if trace.recording:
                 ranked = [target.backend.name for target in targets]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import partial
 
 import orjson
 
+from policies.adaptive import AdaptivePolicy
 from policies.registry import BackendInfo, build_policy
-from policies.testing import make_candidate
+from policies.testing import make_candidate, make_request, send
 from policies.types import Outcome, RequestInfo
 from router.control.placement import PlacementFeed, PlacementRings
 
@@ -86,3 +88,50 @@ def test_a_feed_carries_adaptive_lessons_between_processes() -> None:
     assert there.choose(asked, cands).ranked[0] == "bulk"
     untaught = build_policy("ad", "adaptive", params, infos)
     assert untaught.choose(asked, cands).ranked[0] == "fast"
+
+
+def test_a_spill_counts_against_the_limit_in_every_worker_until_it_ends() -> None:
+    """Two workers' adaptive instances, two spill slots on "fast" for the router: what one
+    worker spills, the other counts as soon as it reads the rings before choosing."""
+    infos = [BackendInfo("fast", "vllm", True), BackendInfo("bulk", "deepinfer", False)]
+    params = {"low_ttft": ["vllm"], "high_throughput": ["deepinfer"],
+              "spill": {"max_inflight": 2, "initial_inflight": 2}}  # fmt: skip
+    rings = PlacementRings(2, size=1 << 16)
+    feeds: list[PlacementFeed] = []
+    policies: list[AdaptivePolicy] = []
+    for w in range(2):
+        policy = build_policy("ad", "adaptive", params, infos)
+        assert isinstance(policy, AdaptivePolicy)
+        for name, e2e in (("bulk", 8.0), ("fast", 4.0)):  # batch paces measured, bulk slower
+            done = make_request("batch", request_id=f"warm-{name}", max_tokens=800)
+            policy.on_finish(done, name, Outcome(200, True, 1000, 800, e2e_s=e2e))
+        policies.append(policy)
+        feeds.append(PlacementFeed(partial(dict, ad=policy), rings.ring(w), None, "router"))
+
+    def spill(w: int, rid: str, open_on_fast: int) -> str:
+        """Worker ``w`` sends batch ``rid`` (the router has ``open_on_fast`` on "fast")."""
+        feeds[w].catch_up(policies[w])
+        cands = [make_candidate("fast", "vllm", inflight=open_on_fast, priority_capable=True),
+                 make_candidate("bulk", "deepinfer", inflight=4)]  # fmt: skip
+        req = make_request("batch", request_id=rid, max_tokens=800, stream=False)
+        head = send(policies[w], req, cands).ranked[0]
+        feeds[w].committed(policies[w], rid)
+        return head
+
+    assert spill(0, "a", 0) == "fast"
+    assert spill(1, "b", 1) == "fast"  # worker 1 counts a, and b: the router's two slots
+    assert policies[1].spilled("fast") == 2
+    assert spill(0, "c", 2) == "bulk"  # worker 0 counts b too (alone it would spill c)
+    # a ends in worker 0: worker 1 hears it before its next choice and spills again
+    req = make_request("batch", request_id="a", max_tokens=800, stream=False)
+    outcome = Outcome(200, True, 1000, 800, e2e_s=4.0)
+    feeds[0].finished(policies[0], req, "fast", outcome)
+    policies[0].on_finish(req, "fast", outcome)
+    assert spill(1, "d", 2) == "fast"
+    feeds[0].catch_up(policies[0])  # worker 0 counts b and d
+    assert policies[0].spilled("fast") == 2
+    bad: list[object] = [["1", "x"], {"a": 1}, ["", "x", 5]]  # the last names no worker
+    for figures in bad:
+        feeds[0].learn(orjson.dumps(["ad", "fast", "spill", figures]))  # skipped
+    feeds[0].learn(orjson.dumps(["ad", "fast", "spill-end", ["1"]]))
+    assert policies[0].spilled("fast") == 2
