@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TAIL = 64 << 10
+"""Bytes of a process's stdout kept to show with its test (the access log, mostly)."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,12 @@ def start_process(
     """Start ``argv`` in ``cwd``; wait up to ``timeout`` s for a stdout line ``PREFIX
     http://HOST:PORT``.
 
-    Stdout after the ready line is copied to our stderr by a thread, so a chatty child never
-    blocks on a full pipe; with ``lines``, each whole line is also appended there. With
+    Stdout after the ready line is read by a thread, so a chatty child never blocks on a full
+    pipe; its last :data:`TAIL` bytes are written to our stderr once the process has exited,
+    within the test (or the fixture's teardown) that started it, so pytest shows them with
+    that test. (Copied as they came, the lines a module's router wrote after a test's last
+    answer landed between tests, outside pytest's capture, in the middle of its progress
+    dots.) With ``lines``, each whole line is also appended there. With
     ``stderr``, the child's stderr (its log) is written to that file instead. ``preexec_fn``
     runs in the child before ``argv`` does (to lower a resource limit, say). The process is
     always terminated, then killed after ``grace`` seconds.
@@ -70,9 +76,10 @@ def start_process(
             preexec_fn=preexec_fn,
         )
     drain: threading.Thread | None = None
+    tail = bytearray()
     try:
         url = _wait_ready(proc, ready_line_prefix, timeout)
-        drain = threading.Thread(target=_copy_to_stderr, args=(proc, lines), daemon=True)
+        drain = threading.Thread(target=_drain, args=(proc, lines, tail), daemon=True)
         drain.start()
         yield Process(url=url, proc=proc)
     finally:
@@ -81,6 +88,7 @@ def start_process(
             drain.join(grace)  # EOF follows the exit; join before closing the pipe
         if proc.stdout is not None:
             proc.stdout.close()
+        sys.stderr.write(tail.decode(errors="replace"))
 
 
 def stop(proc: subprocess.Popen[bytes], grace: float) -> None:
@@ -94,12 +102,13 @@ def stop(proc: subprocess.Popen[bytes], grace: float) -> None:
             proc.wait(grace)
 
 
-def _copy_to_stderr(proc: subprocess.Popen[bytes], lines: list[str] | None) -> None:
+def _drain(proc: subprocess.Popen[bytes], lines: list[str] | None, tail: bytearray) -> None:
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     rest = b""
     while data := os.read(fd, 65536):
-        sys.stderr.write(data.decode(errors="replace"))
+        tail += data
+        del tail[:-TAIL]
         if lines is not None:
             *whole, rest = (rest + data).split(b"\n")
             lines.extend(w.decode(errors="replace") for w in whole)
