@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -32,27 +31,11 @@ from router.observe.decisions import DecisionMetrics
 from router.observe.hops import HopMetrics
 from router.observe.mirrors import ShadowMetrics
 from router.observe.outcomes import EARLY_REJECTIONS, LATE_REJECTIONS
-from router.observe.series import (
-    E2E_BUCKETS,
-    REQUEST_LABELS,
-    TPOT_BUCKETS,
-    TTFT_BUCKETS,
-    Series,
-)
+from router.observe.series import REQUEST_LABELS, TTFT_BUCKETS, Series
+from router.observe.served import Served, SharedServed
 from router.observe.stores import StoreMetrics
 
 _REQ = REQUEST_LABELS
-
-
-@dataclass(frozen=True, slots=True)
-class _Children:
-    """The per-request series of one (policy, backend, class) label set."""
-
-    ttft: Histogram
-    tpot: Histogram
-    e2e: Histogram
-    prompt: Counter
-    output: Counter
 
 
 class Metrics:
@@ -83,40 +66,9 @@ class Metrics:
         """What the capture writer lost (router.observe.capturing)."""
         self.stores = StoreMetrics(r, self._watch)
         """The limits store and the placement feed (router.observe.stores)."""
-        self._children: dict[tuple[str, str, str], _Children] = {}
-        self._requests = Counter(
-            "turnout_requests_total",
-            "Requests by outcome: the status the client got and why (reason).",
-            [*_REQ, "code", "reason"],
-            registry=r,
-        )
-        self._ttft = Histogram(
-            "turnout_time_to_first_token_seconds",
-            "Request arrival to the first content chunk sent to the client (served requests).",
-            _REQ,
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self._tpot = Histogram(
-            "turnout_time_per_output_token_seconds",
-            "(E2E - TTFT) / (output tokens - 1) (served requests).",
-            _REQ,
-            buckets=TPOT_BUCKETS,
-            registry=r,
-        )
-        self._e2e = Histogram(
-            "turnout_e2e_request_latency_seconds",
-            "Request arrival to the response's last byte (served requests).",
-            _REQ,
-            buckets=E2E_BUCKETS,
-            registry=r,
-        )
-        self._prompt = Counter(
-            "turnout_prompt_tokens_total", "Prompt tokens (engine usage).", _REQ, registry=r
-        )
-        self._output = Counter(
-            "turnout_output_tokens_total", "Output tokens (engine usage).", _REQ, registry=r
-        )
+        # The per-request series: compact in one process, prometheus_client's own values
+        # where workers share them through its files (router.observe.served).
+        self._served = Served(r) if workers_dir is None else SharedServed(r)
         # Every worker reads the router-wide figure (router.backends.shared): the freshest wins.
         self._inflight = Gauge(
             "turnout_inflight_requests",
@@ -194,17 +146,16 @@ class Metrics:
             registry=r,
         )
         # The series hit on every request, their children resolved once.
-        self._requests_by = Series(self._requests)
         self._slo_by = {True: Series(self._slo_met), False: Series(self._slo_missed)}
 
     def policy_known(self, policy: str) -> None:
         """Export ``policy``'s series of the router's own rejections at 0 (Prometheus' advice
         for known label values: rate() and alerts see a series before its first increment)."""
         for reason, code in EARLY_REJECTIONS:
-            self._requests.labels(policy, "none", "unknown", str(code), reason)
+            self._served.known((policy, "none", "unknown"), code, reason)
         for cls in REQUEST_CLASSES:
             for reason, code in LATE_REJECTIONS:
-                self._requests.labels(policy, "none", cls, str(code), reason)
+                self._served.known((policy, "none", cls), code, reason)
 
     def request_done(
         self,
@@ -225,27 +176,10 @@ class Metrics:
         ``reason``: one of router.observe.outcomes' reasons. The caller passes latencies only for a
         served request (``ok``), so that rejections and failures never skew the histograms.
         """
-        labels = (policy, backend, request_class)
-        children = self._children.get(labels)
-        if children is None:  # labels() takes a lock and builds a key: do it once per label set
-            children = self._children[labels] = _Children(
-                ttft=self._ttft.labels(*labels),
-                tpot=self._tpot.labels(*labels),
-                e2e=self._e2e.labels(*labels),
-                prompt=self._prompt.labels(*labels),
-                output=self._output.labels(*labels),
-            )
-        self._requests_by(*labels, str(code), reason).inc()
-        if ttft is not None:
-            children.ttft.observe(ttft)
-        if tpot is not None:
-            children.tpot.observe(tpot)
-        if e2e is not None:
-            children.e2e.observe(e2e)
-        if prompt_tokens:
-            children.prompt.inc(prompt_tokens)
-        if output_tokens:
-            children.output.inc(output_tokens)
+        self._served.done(
+            (policy, backend, request_class), code, reason, ttft, tpot, e2e,
+            prompt_tokens, output_tokens,
+        )  # fmt: skip
 
     def watch_backend(
         self, backend: str, inflight: Callable[[], float], up: Callable[[], float]
