@@ -105,7 +105,11 @@ def test_clients_gone_before_the_headers_free_their_slots_and_log_nothing(
         # came first is cut mid-stream, as the test above does).
         assert all(e for (stream, _, _), e in zip(cases, early, strict=True) if not stream)
         assert sum(e for (stream, _, _), e in zip(cases, early, strict=True) if stream) >= 5
-        for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-            assert wait_for(lambda g=gauge: metric(emu.url, g, required=True) == 0, 30)
+
+        def idle() -> bool:
+            gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+            return all(metric(emu.url, g, required=True) == 0 for g in gauges)
+
+        assert wait_for(idle, 30)
     text = log.read_text()
     assert "Traceback" not in text and "Error handling request" not in text, text
