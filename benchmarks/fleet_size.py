@@ -11,7 +11,7 @@ every 60 s and no scrape (so the figure is the requests'). A router per size (on
 each, access log on as in production) runs at once, each warmed up with as many requests per
 policy as it has backends (so each backend's connection is open, as in steady serving), and
 again with round-robin before every measured run: the router closes a connection idle for
-4 s (router.proxy.keepalive.IDLE_SECONDS), and the other routers' runs keep each one idle
+4 s (``limits.upstream_idle_seconds``), and the other routers' runs keep each one idle
 for longer than that, so without it the first run of a round would open a connection per backend
 (an eighth of the requests at 256 backends, half at 1,024: a measure of connecting, not of
 routing). Each round then sends every router, in turn, 32 closed-loop streams of 16 unpaced

@@ -28,6 +28,8 @@ from router.server.answer import Answer, Client, Serve
 from router.server.lean import Connections, LeanSite
 from router.server.site import AiohttpClient
 
+IDLE = LimitSettings().upstream_idle_seconds  # the default `limits` keeps an upstream idle
+
 READY = "floor listening on "
 PATH = "/v1/chat/completions"
 _PASSED = ("X-Bench-Gap-Ms", "X-Bench-Chunks")  # the bench upstream's pacing knobs
@@ -37,7 +39,7 @@ _MAX_BODY = 1 << 20
 
 def forward_to(upstream: str) -> Serve:
     """The floor's one route: the request upstream, its answer back."""
-    pool = ConnectionPool()
+    pool = ConnectionPool(IDLE)
     origin, path = split_url(upstream + PATH)
 
     async def forward(client: Client) -> Answer | None:

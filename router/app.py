@@ -365,7 +365,7 @@ async def _lifespan(
     session = aiohttp.ClientSession(
         connector=connector, auto_decompress=False, headers={"User-Agent": SERVER}
     )
-    connections = ConnectionPool()
+    connections = ConnectionPool(state.config.limits.upstream_idle_seconds)
     writer = None
     if state.config.capture is not None:
         writer = CaptureWriter(

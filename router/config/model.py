@@ -192,6 +192,10 @@ class LimitSettings:
     max_upstream_body_bytes: int = 64 << 20
     """Largest non-streamed answer a backend may send; a larger one gets the client a 502 and
     counts as the backend's failure."""
+    upstream_idle_seconds: float = 4.0
+    """How long an unused upstream connection is kept for the next request: under the
+    engines' keep-alive (uvicorn's, and so vLLM's, is 5 s), so the router does not write a
+    request into a connection the engine is just closing."""
     min_context_tokens: int = 32768
     max_context_tokens: int = 1 << 20
     """The bounds a backend's reported context length (vLLM's ``max_model_len``) is taken

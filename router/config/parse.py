@@ -434,6 +434,7 @@ def _limits(m: Reader) -> LimitSettings:
         max_upstream_body_bytes=m.integer(
             "max_upstream_body_bytes", d.max_upstream_body_bytes, low=1024
         ),
+        upstream_idle_seconds=m.number("upstream_idle_seconds", d.upstream_idle_seconds, low=0.01),
         min_context_tokens=m.integer("min_context_tokens", d.min_context_tokens, low=1),
         max_context_tokens=m.integer("max_context_tokens", d.max_context_tokens, low=1),
         store=_limit_store(m.child("store")),

@@ -19,15 +19,13 @@ from router.proxy.connection import (
 )
 from router.proxy.origin import Origin, split_url
 
-IDLE_SECONDS = 4.0
-"""How long an unused connection is kept: under uvicorn's (and so vLLM's) 5 s keep-alive, so
-the router does not write a request into a connection the engine is just closing."""
-
 
 class ConnectionPool:
     """Idle keep-alive connections per backend origin; one exchange per connection."""
 
-    def __init__(self, idle_seconds: float = IDLE_SECONDS) -> None:
+    def __init__(self, idle_seconds: float) -> None:
+        """``idle_seconds``: how long an unused connection is kept
+        (``limits.upstream_idle_seconds``)."""
         # Keyed by TLS settings too: a backend must never get a connection another backend
         # on the same address opened with other certificates.
         self._idle: dict[tuple[Origin, ClientTls | None], deque[Connection]] = {}
@@ -97,7 +95,7 @@ class ConnectionPool:
         """Close the idle connections to a backend that left (``url``: its base URL).
 
         Its streams still open hand their connections back later; those, and any other
-        origin's that nobody asked for in :data:`IDLE_SECONDS`, go at the next call, so
+        origin's that nobody asked for in ``idle_seconds``, go at the next call, so
         backends that come and go leave nothing behind for long.
         """
         for conn in self._idle.pop((split_url(url)[0], tls), ()):

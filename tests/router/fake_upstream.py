@@ -34,6 +34,8 @@ class FakeEngine:
 
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[CIMultiDict[str]] = field(default_factory=list)
+    peers: list[object] = field(default_factory=list)
+    """The address each chat request came from (a new port: a new connection)."""
     release: asyncio.Event = field(default_factory=asyncio.Event)
     """Streams send their first token, then wait for this before finishing."""
     streaming: asyncio.Event = field(default_factory=asyncio.Event)
@@ -76,6 +78,7 @@ class FakeEngine:
         body = await request.json()
         self.bodies.append(body)
         self.headers.append(CIMultiDict(request.headers))
+        self.peers.append(request.transport and request.transport.get_extra_info("peername"))
         if self.error_status is not None:
             error = {"message": "injected", "type": "server_error", "code": self.error_status}
             return web.json_response({"error": error}, status=self.error_status)

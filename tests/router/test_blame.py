@@ -17,10 +17,18 @@ import pytest
 
 from policies.types import RequestInfo
 from router.backends.pool import Pool
-from router.config.model import BackendSpec, ClassTimeouts, FailoverSettings, HealthSettings
+from router.config.model import (
+    BackendSpec,
+    ClassTimeouts,
+    FailoverSettings,
+    HealthSettings,
+    LimitSettings,
+)
 from router.proxy.keepalive import ConnectionPool
 from router.proxy.upstream import Opened, Target, UpstreamFailed, open_upstream
 from tests.router.rawserver import BODY, Backend, Peer, answer_each
+
+IDLE = LimitSettings().upstream_idle_seconds  # the default `limits` keeps an upstream idle
 
 HEALTH = HealthSettings(failures_to_eject=1, cooldown=60.0, max_ejected_fraction=1.0)
 REQ = RequestInfo("r", "completions", "m", "interactive", prompt_tokens=1)
@@ -65,7 +73,7 @@ async def attempt(
         specs = [BackendSpec(f"b{i}", "vllm", url) for i, url in enumerate(urls)]
         pool = Pool(specs, {}, HEALTH)
         targets = [Target(b, b.spec.url + "/v1/completions", BODY) for b in pool.backends]
-        with closing(ConnectionPool()) as connections:
+        with closing(ConnectionPool(IDLE)) as connections:
             result: Opened | UpstreamFailed
             try:
                 result = await open_upstream(

@@ -18,6 +18,7 @@ from contextlib import closing
 import pytest
 import uvloop
 
+from router.config.model import LimitSettings
 from router.proxy.connection import (
     MAX_HEAD_BYTES,
     ProtocolError,
@@ -41,6 +42,8 @@ from tests.router.rawserver import (
     until,
 )
 
+IDLE = LimitSettings().upstream_idle_seconds  # the default `limits` keeps an upstream idle
+
 # -- 1. keep-alive --------------------------------------------------------------------------
 
 
@@ -56,7 +59,7 @@ from tests.router.rawserver import (
 )
 async def test_keep_alive_reuse_follows_the_response(response: bytes, connections: int) -> None:
     async with Backend(answer_each(response)) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             used = []
             for _ in range(2):
                 conn = await start(pool, backend.origin)
@@ -100,7 +103,7 @@ async def test_chunked_body_split_byte_by_byte_reaches_the_sink_whole() -> None:
         await answer_each(OK)(peer)
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             head = await conn.head()
             assert head.headers["Transfer-Encoding"] == "chunked"
@@ -126,7 +129,7 @@ async def test_chunked_body_split_byte_by_byte_reaches_the_sink_whole() -> None:
 async def test_read_with_a_limit(limit: int | None, reused: bool) -> None:
     response = b"HTTP/1.1 503 Busy\r\nContent-Length: 10\r\n\r\n0123456789"
     async with Backend(answer_each(response)) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             assert (await conn.head()).status == 503
             assert await conn.read(limit) == b"0123456789"[:limit]
@@ -150,7 +153,7 @@ async def test_read_limit_ends_an_endless_body_and_frees_the_backend(limit: int)
         gone.set()
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
             body = await asyncio.wait_for(conn.read(limit), 2)
@@ -202,7 +205,7 @@ async def test_body_without_length_or_chunking_ends_at_eof(consume: str) -> None
         peer.writer.close()
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
             if consume == "read":
@@ -239,7 +242,7 @@ async def test_server_closing_mid_body_is_an_upstream_error(
         peer.writer.close()
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
             pieces: list[bytes] = []
@@ -269,7 +272,7 @@ async def test_cut_chunked_body_is_an_error_however_chunked_is_spelled(coding: b
         peer.writer.close()
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
             with pytest.raises(UpstreamError, match="closed"):
@@ -294,7 +297,7 @@ async def test_malformed_head_is_an_upstream_error(garbage: bytes) -> None:
         await peer.client_gone()
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             with pytest.raises(UpstreamError, match="malformed"):
                 await asyncio.wait_for(conn.head(), 2)
@@ -310,7 +313,7 @@ async def test_an_oversized_response_head_is_refused() -> None:
         await peer.client_gone()
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             with pytest.raises(UpstreamError, match=f"head exceeds {MAX_HEAD_BYTES} bytes"):
                 await asyncio.wait_for(conn.head(), 2)
@@ -319,7 +322,7 @@ async def test_an_oversized_response_head_is_refused() -> None:
 
 async def test_malformed_chunk_size_is_an_upstream_error() -> None:
     async with Backend(answer_each(CHUNKED + b"zz\r\nnot a chunk\r\n")) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             assert (await conn.head()).status == 200
             with pytest.raises(UpstreamError, match="malformed"):
@@ -342,7 +345,7 @@ async def test_deadline_ends_a_silent_exchange(stall: str) -> None:
         gone.set()
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin, deadline=0.2)
             # The outer bound only turns a missed deadline into a failure instead of a hang.
             with pytest.raises(UpstreamTimeout) as caught:
@@ -375,7 +378,7 @@ async def test_spoiled_idle_connection_is_not_handed_out(after: bytes) -> None:
         await answer_each(OK)(peer)
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             first = await start(pool, backend.origin)
             assert await first.read() == b"ok"
             pool.release(first)
@@ -393,7 +396,7 @@ async def test_spoiled_idle_connection_is_not_handed_out(after: bytes) -> None:
 async def _one_exchange(answer: bytes) -> tuple[ResponseHead, bytes, bool]:
     """Head, whole body and reusability of one request answered with ``answer``."""
     async with Backend(answer_each(answer)) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             try:
                 return await conn.head(), await conn.read(), conn.reusable
@@ -457,7 +460,7 @@ async def test_every_interim_response_without_content_is_skipped(interim: bytes)
 )
 async def test_a_head_outside_http_is_a_protocol_error(answer: bytes, kind: str) -> None:
     async with Backend(answer_each(answer)) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             with pytest.raises(ProtocolError) as caught:
                 await asyncio.wait_for(conn.head(), 2)
@@ -532,7 +535,7 @@ async def test_refused_connect_is_an_upstream_error(timeout: float | None) -> No
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with closing(ConnectionPool()) as pool:
+    with closing(ConnectionPool(IDLE)) as pool:
         with pytest.raises(UpstreamError, match="connect failed") as caught:
             await pool.acquire(Origin("http", "127.0.0.1", port), timeout)
         assert not isinstance(caught.value, TimeoutError)
@@ -555,7 +558,7 @@ async def test_connect_timeout_is_honoured() -> None:
             else:
                 pytest.fail("could not fill the listener's accept queue")
             with (
-                closing(ConnectionPool()) as pool,
+                closing(ConnectionPool(IDLE)) as pool,
                 pytest.raises(UpstreamTimeout, match="connect timed out"),
             ):
                 async with asyncio.timeout(3):
@@ -582,7 +585,7 @@ async def test_pause_stops_deliveries_until_resume() -> None:
         await peer.client_gone()
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
             pieces: list[bytes] = []

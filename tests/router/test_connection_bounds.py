@@ -7,9 +7,12 @@ from contextlib import closing
 
 import pytest
 
+from router.config.model import LimitSettings
 from router.proxy.connection import BodyTooLarge
 from router.proxy.keepalive import ConnectionPool
 from tests.router.rawserver import Backend, answer_once, chunk, start
+
+IDLE = LimitSettings().upstream_idle_seconds  # the default `limits` keeps an upstream idle
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -23,7 +26,7 @@ async def test_one_byte_chunks_read_to_the_limit(limit: int | None, reused: bool
     body = (bytes(range(256)) * 12)[:3000]  # 3000 chunks of one byte
 
     async with Backend(answer_once(_tiny_chunks(body))) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
             assert await conn.read(limit) == body[:limit]
@@ -33,7 +36,7 @@ async def test_one_byte_chunks_read_to_the_limit(limit: int | None, reused: bool
 
 async def test_garbage_after_a_whole_response_keeps_its_body() -> None:
     async with Backend(answer_once(_tiny_chunks(b"whole") + b"garbage\r\n")) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
             assert await conn.read() == b"whole"
@@ -46,7 +49,7 @@ async def test_read_without_truncating_refuses_a_longer_body(limit: int) -> None
     body = b"y" * 3000
 
     async with Backend(answer_once(_tiny_chunks(body))) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             conn = await start(pool, backend.origin)
             await conn.head()
             if limit < len(body):

@@ -11,10 +11,13 @@ from contextlib import closing
 
 import pytest
 
+from router.config.model import LimitSettings
 from router.proxy.connection import UpstreamError
 from router.proxy.keepalive import ConnectionPool
 from router.proxy.origin import Origin, request_head
 from tests.router.rawserver import BODY, OK, Backend, Peer, Script
+
+IDLE = LimitSettings().upstream_idle_seconds  # the default `limits` keeps an upstream idle
 
 PARTIAL = b"HTTP/1.1 200 OK\r\nContent-Le"
 
@@ -43,7 +46,7 @@ def _second_request_dropped(partial: bytes) -> Script:
 
 async def test_a_pooled_connection_closed_without_answer_is_retried_once() -> None:
     async with Backend(_second_request_dropped(b"")) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             head = _head(backend.origin)
             first, _ = await pool.request(
                 backend.origin, head, BODY, connect_timeout=1.0, deadline=5.0
@@ -62,7 +65,7 @@ async def test_a_pooled_connection_closed_without_answer_is_retried_once() -> No
 
 async def test_a_partly_answered_request_is_not_sent_again() -> None:
     async with Backend(_second_request_dropped(PARTIAL)) as backend:
-        with closing(ConnectionPool()) as pool:
+        with closing(ConnectionPool(IDLE)) as pool:
             head = _head(backend.origin)
             first, _ = await pool.request(
                 backend.origin, head, BODY, connect_timeout=1.0, deadline=5.0
@@ -79,7 +82,7 @@ async def test_a_fresh_connection_closed_without_answer_is_not_retried() -> None
         await peer.request()  # and close without a word
 
     async with Backend(script) as backend:
-        with closing(ConnectionPool()) as pool, pytest.raises(UpstreamError):
+        with closing(ConnectionPool(IDLE)) as pool, pytest.raises(UpstreamError):
             await pool.request(
                 backend.origin, _head(backend.origin), BODY, connect_timeout=1.0, deadline=5.0
             )

@@ -32,7 +32,13 @@ def test_defaults() -> None:
 def test_values_round_trip() -> None:
     doc = dict(
         GOOD,
-        limits={"max_connections": 7, "idle_seconds": 2, "write_timeout": 3, "body_seconds": 4},
+        limits={
+            "max_connections": 7,
+            "idle_seconds": 2,
+            "write_timeout": 3,
+            "body_seconds": 4,
+            "upstream_idle_seconds": 60,
+        },
         shutdown={"drain_seconds": 5},
         api_keys=[
             {
@@ -50,6 +56,7 @@ def test_values_round_trip() -> None:
     )
     config = parse_config(doc)
     assert (config.limits.max_connections, config.limits.body_seconds) == (7, 4.0)
+    assert config.limits.upstream_idle_seconds == 60.0
     assert config.shutdown.drain_seconds == 5.0
     key = config.api_keys[0]
     assert (key.sha256, key.models, key.policy, key.request_class) == (
@@ -68,6 +75,7 @@ def test_values_round_trip() -> None:
         ({"limits": {"max_conections": 1}}, "limits.max_conections"),
         ({"limits": {"max_connections": 0}}, "limits.max_connections"),
         ({"limits": {"idle_seconds": "soon"}}, "limits.idle_seconds"),
+        ({"limits": {"upstream_idle_seconds": 0}}, "limits.upstream_idle_seconds"),
         ({"limits": {"min_context_tokens": 0}}, "limits.min_context_tokens"),
         (
             {"limits": {"min_context_tokens": 4096, "max_context_tokens": 2048}},
