@@ -17,7 +17,7 @@ from policies.base import Forgets, Policy, ReportsError
 from policies.registry import BackendInfo, PolicyConfigError, build_policy
 from policies.types import REQUEST_CLASSES
 from router.backends.fleet import Fleet, Resolver, resolve_dns
-from router.backends.fleet_load import FleetLoad, RouterName, unique_name
+from router.backends.fleet_load import Admitting, FleetLoad, RouterName, unique_name
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendState, Pool
 from router.backends.shared import WorkerRow
@@ -115,6 +115,7 @@ def build_app(
         config.health,
         on_panic=metrics.panic_routing,
         shared=shared,
+        granted=config.limits.store.redis_url is not None,
     )
     policies = build_policies(config, metrics)
     gate = Gate(
@@ -247,7 +248,11 @@ async def _lifespan(
     )
     await state.fleet.start(state.config.backends)
     url = state.config.limits.store.redis_url
-    load = None if url is None else FleetLoad(url, state.pool, router, state.admission.release)
+    load = None
+    if url is not None:
+        admission = state.admission
+        admitting = Admitting(admission.release, admission.queues.queued, admission.taking)
+        load = FleetLoad(url, state.pool, router, admitting, state.config.limits.store.on_error)
     if load is not None:
         await load.start()
     feed = PlacementFeed(

@@ -1,17 +1,30 @@
 """Each router replica's requests in flight on the capped backends, exchanged through Redis,
-so that a backend's ``max_inflight`` caps the fleet, not each replica.
+and its grant of their slots, so that a backend's ``max_inflight`` caps the fleet, not each
+replica.
 
 With ``limits.store.redis``, every :data:`PERIOD` seconds one process of each router (worker
 0, or the router itself without workers) writes its router's in-flight count on every
 backend that has a ``max_inflight`` into a hash of its own that expires unless rewritten
 (:data:`TTL_MS`), and every process reads the other routers' hashes and sets each backend's
-:attr:`~router.backends.pool.BackendState.elsewhere` to their sum. The saturation check and
-the policies then see the fleet's in-flight count. It is exchanged off the request path, so
-it is as old as one period and a round trip: replicas admitting at once may pass a cap by
-what they admit within it. When another replica's count falls, waiters in the admission
-queues are woken, as a request ending here wakes them. Redis unreachable, each router caps
-alone again (the counts of the others drop to 0), logged once (by the process that speaks
-for the router), and once when it is back.
+:attr:`~router.backends.pool.BackendState.elsewhere` to their sum, which the policies see.
+
+The cap itself is held by slot grants (router.backends.grants): in the same period the
+process that speaks for the router asks for its grants in one script run, and sets each
+backend's :attr:`~router.backends.pool.BackendState.grant` (kept in the workers' shared
+memory, so every worker admits against it), under the lock under which admission finds a
+backend with room and takes its slot. The router then admits on a backend only while its
+own requests there are fewer than its grant, and the grants never add up to more than the
+cap: exact, and no Redis round trip on the request path. When a grant grows, or another
+replica's count falls, waiters in the admission queues are woken, as a request ending here
+wakes them.
+
+Redis unreachable, the router keeps its last grants for :data:`TTL_MS` (counted from the
+last ask that was answered; Redis keeps them as long at least, so none of them is handed
+to another replica meanwhile), then ``limits.store.on_error`` decides: ``allow`` (the
+default) caps each router alone again (the others' counts drop to 0), ``deny`` admits
+nothing more on the capped backends. Logged once (by the process that speaks for the
+router), and once when Redis answers again; the first answer then shrinks what a router took
+alone back towards its share.
 """
 
 from __future__ import annotations
@@ -22,18 +35,25 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from router.backends.pool import Pool
+from router.backends.grants import GRANT, WARM, backend_key
+from router.backends.pool import BackendState, Pool
+from router.config.model import StoreOnError
 from router.store_client import store_client
 
 log = logging.getLogger("router")
 
 PERIOD = 0.2
 TTL_MS = 2000
+HEADROOM = 0.25
+"""A router asks for this much more than it has in flight and waiting (at least one slot),
+so that a busy one's grant grows by a quarter a period while slots are free."""
 PREFIX = "turnout:load:"
 ROUTERS = PREFIX + "routers"
 
@@ -51,19 +71,44 @@ class RouterName:
     publishes: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Admitting:
+    """What the exchange needs of the router's admission."""
+
+    freed: Callable[[], None]
+    """A slot may have freed up: wake the router's first waiter."""
+    waiting: Callable[[], int]
+    """Requests waiting in the router now."""
+    taking: Callable[[], AbstractContextManager[object]]
+    """The lock under which admission takes a backend's slot."""
+
+
 class FleetLoad:
     """One process's share in the exchange."""
 
-    def __init__(self, url: str, pool: Pool, name: RouterName, freed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        url: str,
+        pool: Pool,
+        name: RouterName,
+        admission: Admitting,
+        on_error: StoreOnError = "allow",
+    ) -> None:
         self._redis = store_client(url)
+        self._grant = self._redis.register_script(GRANT)
         self._pool = pool
         self._name = name
-        self._freed = freed
+        self._admission = admission
+        self._on_error = on_error
         self._task: asyncio.Task[None] | None = None
+        self._asked = -float("inf")  # when the last answered ask for grants was sent
         self.up = True
         self._level = logging.WARNING if name.publishes else logging.DEBUG  # one line per router
 
     async def start(self) -> None:
+        """The first exchange now (so that the router admits under its grants from its
+        first request), the others every :data:`PERIOD` seconds."""
+        await self._once()
         self._task = asyncio.create_task(self._run())
 
     async def aclose(self) -> None:
@@ -78,16 +123,22 @@ class FleetLoad:
 
     async def _run(self) -> None:
         while True:
-            try:
-                await self.exchange()
-            except (RedisError, OSError) as exc:
-                self._lost(exc)
             await asyncio.sleep(PERIOD)
+            await self._once()
+
+    async def _once(self) -> None:
+        try:
+            await self.exchange()
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
 
     async def exchange(self) -> None:
-        """Write this router's counts (if it speaks for it), read the others'."""
+        """Write this router's counts and ask for its grants (if it speaks for it), read
+        the others' counts."""
         capped = [b for b in self._pool.backends if b.spec.max_inflight is not None]
         me = self._name.id
+        if self._name.publishes and capped:
+            await self._ask(capped)
         pipe = self._redis.pipeline(transaction=False)
         if self._name.publishes and capped:
             key = PREFIX + me
@@ -113,19 +164,63 @@ class FleetLoad:
             log.log(self._level, "fleet load reachable again: max_inflight caps the fleet again")
         self._set(totals)
 
+    async def _ask(self, capped: list[BackendState]) -> None:
+        """One script run: this router's grant of every capped backend's slots."""
+        queued = self._admission.waiting()
+        args: list[str | int] = [self._name.id, TTL_MS]
+        with self._admission.taking():  # what it holds as it asks: nothing admitted between
+            for b in capped:
+                cap, inflight, grant = b.spec.max_inflight or 0, b.own_figures()[0], b.grant
+                want = inflight + queued + max(1, int(inflight * HEADROOM))
+                args += [cap, want, inflight, cap if grant is None else grant]
+        asked = time.monotonic()
+        keys = [WARM] + [backend_key(b.name) for b in capped]
+        targets = await self._grant(keys=keys, args=args)
+        self._asked = asked
+        self._regrant(capped, [int(t) for t in targets])
+
+    def _regrant(self, backends: list[BackendState], grants: Sequence[int | None]) -> None:
+        """Set the router's grants, under admission's lock; a grant grown wakes waiters."""
+        with self._admission.taking():
+            rooms = [_room(b) for b in backends]
+            for b, g in zip(backends, grants, strict=True):
+                b.grant = g
+        self._woken(backends, rooms)
+
     def _set(self, totals: dict[str, int]) -> None:
-        for backend in self._pool.backends:
-            now = totals.get(backend.name, 0)
-            for _ in range(backend.elsewhere - now):  # slots freed elsewhere: waiters may go
-                self._freed()
-            backend.elsewhere = now
+        backends = self._pool.backends
+        rooms = [_room(b) for b in backends]
+        for backend in backends:
+            backend.elsewhere = totals.get(backend.name, 0)
+        self._woken(backends, rooms)
+
+    def _woken(self, backends: list[BackendState], before: list[int | None]) -> None:
+        """Wake a waiter for every slot that became free on ``backends`` since ``before``."""
+        for backend, was in zip(backends, before, strict=True):
+            now = _room(backend)
+            if was is not None and now is not None:
+                for _ in range(now - max(was, 0)):
+                    self._admission.freed()
 
     def _lost(self, exc: BaseException) -> None:
         if self.up:
             self.up = False
+            then = ("caps each backend alone" if self._on_error == "allow"
+                    else "admits nothing more on the capped backends")  # fmt: skip
             log.log(
                 self._level,
-                "fleet load unreachable (%s): max_inflight caps each router alone until it answers",
-                type(exc).__name__,
-            )
+                "fleet load unreachable (%s): this router keeps its grants of max_inflight "
+                "for %g s, then %s until it answers",
+                type(exc).__name__, TTL_MS / 1000, then,
+            )  # fmt: skip
         self._set({})
+        if self._name.publishes and time.monotonic() - self._asked > TTL_MS / 1000:
+            capped = [b for b in self._pool.backends if b.spec.max_inflight is not None]
+            lapsed = None if self._on_error == "allow" else 0
+            self._regrant(capped, [lapsed] * len(capped))
+
+
+def _room(backend: BackendState) -> int | None:
+    """Requests this router may still admit on ``backend`` (None: uncapped)."""
+    limit = backend.limit
+    return None if limit is None else limit - backend.inflight

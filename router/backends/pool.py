@@ -26,6 +26,9 @@ from router.config.model import BackendSpec, HealthSettings
 
 log = logging.getLogger("router")
 Clock = Callable[[], float]
+UNHEARD, ALONE, _GRANTED = 0, 1, 2
+"""How a grant is kept (:attr:`BackendState.grant`): none heard yet, capping alone, or the
+grant plus :data:`_GRANTED` (so a fresh shared slot's zero reads as unheard)."""
 
 
 class BackendState:
@@ -39,9 +42,11 @@ class BackendState:
         may_eject: Callable[[], bool] = lambda: True,
         shared: Slot | None = None,
         changed: Callable[[], None] = lambda: None,
+        granted: bool = False,
     ) -> None:
         """``changed`` is called when what decides the pool's candidate sets changes: the
-        spec, health, ejection, models or context length (see :class:`Pool`)."""
+        spec, health, ejection, models or context length (see :class:`Pool`). ``granted``:
+        the router's replicas share ``max_inflight`` by slot grants (see :attr:`limit`)."""
         self._changed = changed
         self._spec = spec
         self._health = health
@@ -56,7 +61,9 @@ class BackendState:
         self._claims = 0  # slots taken by admission that no lease has adopted yet
         self.elsewhere = 0
         """Requests other router replicas have in flight here, as last heard
-        (router.backends.fleet_load): with them ``max_inflight`` caps the fleet."""
+        (router.backends.fleet_load): the policies see them beside this router's."""
+        self._granted = granted
+        self._grant = UNHEARD  # without ``shared``; with it, the router's is kept there
         self._probe_ok = True
         self._probe_failures = 0
         self.breaker = Breaker(
@@ -144,6 +151,37 @@ class BackendState:
         return self.figures()[0]
 
     @property
+    def grant(self) -> int | None:
+        """The slots this router may hold here by its fleet grant (router.backends.grants):
+        None while it caps alone (no grant: no Redis, or its grant lapsed in an outage with
+        ``on_error: allow``). A router that shares its cap but has heard no grant yet holds
+        none."""
+        code = self._shared.grant() if self._shared is not None else self._grant
+        if code == UNHEARD:
+            return 0 if self._granted else None
+        return None if code == ALONE else code - _GRANTED
+
+    @grant.setter
+    def grant(self, slots: int | None) -> None:
+        """Set by the one process of the router that asks for its grants."""
+        code = ALONE if slots is None else slots + _GRANTED
+        if self._shared is not None:
+            self._shared.set_grant(code)
+        else:
+            self._grant = code
+
+    @property
+    def limit(self) -> int | None:
+        """The most requests in flight (:attr:`inflight`, the fleet's as heard) that leave
+        room here: ``max_inflight``, or, under a grant, the grant plus :attr:`elsewhere`, so
+        that room means this router's own requests are fewer than its grant."""
+        cap = self.spec.max_inflight
+        if cap is None:
+            return None
+        grant = self.grant
+        return cap if grant is None else grant + self.elsewhere
+
+    @property
     def outstanding_prompt(self) -> int:
         return self.figures()[1]
 
@@ -228,7 +266,7 @@ class BackendState:
             engine=self.spec.engine,
             healthy=self.healthy,
             inflight=inflight,
-            max_inflight=self.spec.max_inflight,
+            max_inflight=self.limit,
             outstanding_prompt_tokens=prompt,
             outstanding_output_tokens=output,
             load=load,
@@ -247,6 +285,7 @@ class BackendState:
             "breaker": self.breaker.state,
             "inflight": inflight,
             "max_inflight": self.spec.max_inflight,
+            "grant": self.grant if self.spec.max_inflight is not None else None,
             "outstanding_prompt_tokens": prompt,
             "outstanding_output_tokens": output,
             "models": list(self.models),
@@ -347,10 +386,14 @@ class Pool:
         clock: Clock = time.monotonic,
         on_panic: Callable[[str], None] = lambda model: None,
         shared: WorkerRow | None = None,
+        granted: bool = False,
     ) -> None:
-        """``shared``: this worker's row of the load its router's workers share."""
+        """``shared``: this worker's row of the load its router's workers share;
+        ``granted``: its replicas share each ``max_inflight`` by slot grants
+        (router.backends.grants)."""
         self._health = health
         self._shared = shared
+        self._granted = granted
         self._clock = clock
         self._on_panic = on_panic
         self._aliases = aliases
@@ -372,8 +415,9 @@ class Pool:
         """A backend for ``spec`` under this pool's settings, not yet in it (see :meth:`add`)."""
         slot = self._shared.slot(spec.name) if self._shared is not None else None
         return BackendState(
-            spec, self._health, self._clock, self._may_eject, slot, self._sets.clear
-        )
+            spec, self._health, self._clock, self._may_eject, slot, self._sets.clear,
+            self._granted,
+        )  # fmt: skip
 
     def add(self, backend: BackendState) -> None:
         """``backend`` is offered to policies from now on (its name must be new)."""

@@ -6,6 +6,8 @@ fill, and ``max_inflight`` would cap each worker rather than the router. So the 
 one small anonymous shared memory segment before it forks (the children inherit it; nothing
 on disk to clean up) with one row per worker. A worker writes only its own row, one slot per
 backend (in flight, outstanding prompt and output tokens), and reads every row to sum them.
+Worker 0's slot also keeps the router's grant of the backend's slots among its replicas
+(router.backends.grants), which worker 0 asks for and every worker reads.
 
 No lock is needed: every slot has one writer, and each figure is an aligned 8-byte word,
 which the CPU reads and writes whole. A reader may see one worker's three figures from two
@@ -27,8 +29,9 @@ import mmap
 log = logging.getLogger("router")
 
 SLOTS = 1024
-"""Backends one worker can hold slots for over its lifetime (8 bytes x 4 words each)."""
-_WORDS = 4  # key, in flight, outstanding prompt tokens, outstanding output tokens
+"""Backends one worker can hold slots for over its lifetime (8 bytes x 5 words each)."""
+_WORDS = 5  # key, in flight, outstanding prompt and output tokens, the router's grant
+_GRANT = 4
 _EMPTY = 0
 
 
@@ -54,7 +57,7 @@ class SharedLoad:
 
     def clear(self, worker: int) -> None:
         """Zero worker ``worker``'s figures (it died, and its requests with it); its slots
-        stay claimed for its replacement."""
+        stay claimed for its replacement, and the router's grants with them."""
         start = worker * SLOTS * _WORDS
         words = self._words
         for at in range(start, start + SLOTS * _WORDS, _WORDS):
@@ -105,6 +108,20 @@ class Slot:
         w[at + 2] += prompt
         w[at + 3] += output
 
+    def set_grant(self, code: int) -> None:
+        """Keep the router's grant here (router.backends.pool.BackendState.grant): only
+        worker 0 writes it, as the one process that asks for the router's grants."""
+        self._words[self._at + _GRANT] = code
+
+    def grant(self) -> int:
+        """The router's grant as worker 0 last wrote it (0: not yet)."""
+        at = self._found[0]
+        if at is None:
+            at = self._found[0] = _find(self._words, self._rows[0], self._key)
+            if at is None:
+                return 0
+        return self._words[at + _GRANT]
+
     def totals(self) -> tuple[int, int, int]:
         """In flight, outstanding prompt and output tokens over every worker."""
         w, found = self._words, self._found
@@ -133,7 +150,7 @@ def _find(words: memoryview, row: int, key: int, *, claim: bool = False) -> int 
         if held == _EMPTY:
             if not claim:
                 return None
-            words[at + 1] = words[at + 2] = words[at + 3] = 0
+            words[at + 1] = words[at + 2] = words[at + 3] = words[at + _GRANT] = 0
             words[at] = key  # last: a reader sees the key only with zeroed figures
             return at
     return None

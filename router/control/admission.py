@@ -38,6 +38,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Generic, TypeVar
@@ -151,6 +152,10 @@ class WaitQueues(Generic[W]):
                 return waiter
         return None
 
+    def queued(self) -> int:
+        """Requests waiting now in every class, in the router (every worker's, if shared)."""
+        return sum(queue.waiting() for queue in self._queues.values())
+
     def head(self, cls: RequestClass) -> Head | None:
         """Whom :meth:`pop` would take of ``cls`` (router.control.fair.FairQueue.head)."""
         return self._queues[cls].head()
@@ -178,7 +183,7 @@ class WaitQueues(Generic[W]):
         mine = None
         for i, option in enumerate(options):
             backend = option.backend
-            cap = backend.spec.max_inflight
+            cap = backend.limit
             free = 1 if cap is None else cap - backend.inflight
             if free <= 0:
                 continue
@@ -261,6 +266,11 @@ class Admission:
     def waiting(self, cls: RequestClass) -> int:
         """Requests of ``cls`` waiting now."""
         return self.queues.waiting(cls)
+
+    def taking(self) -> AbstractContextManager[object]:
+        """The lock under which a backend with room is found and its slot taken (in every
+        worker of the router): a grant changed under it changes between two admissions."""
+        return self._ledger.taking()
 
     async def take(
         self,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from policies.base import Policy
-from policies.types import Decision, RequestInfo, at_limit
+from policies.types import Decision, RequestInfo
 from router.backends.pool import BackendState, Pool
 from router.server.errors import RouterError
 
@@ -99,8 +99,10 @@ def plan(
 
 
 def has_room(backend: BackendState) -> bool:
-    """``backend`` is below its ``max_inflight`` (the live figures; see ``at_limit``)."""
-    return not at_limit(backend.inflight, backend.spec.max_inflight)
+    """``backend`` is below its ``max_inflight``, or its router's grant of it (the live
+    figures: router.backends.pool.BackendState.limit)."""
+    limit = backend.limit
+    return limit is None or backend.inflight < limit
 
 
 def first_free(options: Sequence[OnBackend]) -> int | None:

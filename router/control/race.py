@@ -43,9 +43,9 @@ T = TypeVar("T", bound=OnBackend)
 
 def queueing(backend: BackendState, class_waiting: int) -> bool:
     """Whether another attempt on ``backend`` would only wait: requests of the class wait for
-    admission (``class_waiting``), or the backend is at its ``max_inflight``, or its engine
-    last reported requests waiting."""
-    cap = backend.spec.max_inflight
+    admission (``class_waiting``), or the backend is at its ``max_inflight`` (or its
+    router's grant of it), or its engine last reported requests waiting."""
+    cap = backend.limit
     full = cap is not None and backend.inflight >= cap
     waiting = backend.load.waiting if backend.load is not None else None
     return class_waiting > 0 or full or bool(waiting)
