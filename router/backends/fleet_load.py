@@ -44,8 +44,8 @@ from redis.exceptions import RedisError
 
 from router.backends.grants import GRANT, WARM, backend_key
 from router.backends.pool import BackendState, Pool
+from router.backends.store_client import store_client
 from router.config.model import StoreOnError
-from router.store_client import store_client
 
 log = logging.getLogger("router")
 

@@ -49,7 +49,7 @@ from redis.exceptions import RedisError
 
 from policies.base import Policy, SharesLearning, SharesPlacement, SharesSpills
 from policies.types import Lesson, Outcome, RequestInfo
-from router.store_client import store_client
+from router.backends.store_client import store_client
 
 log = logging.getLogger("router")
 _LESSON = "lesson"

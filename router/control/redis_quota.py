@@ -37,9 +37,9 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
 from router.backends.fleet_load import unique_name
+from router.backends.store_client import store_client
 from router.config.model import StoreOnError
 from router.control.quota import Limits, QuotaTable, Refusal, Settler
-from router.store_client import store_client
 
 log = logging.getLogger("router")
 
