@@ -33,7 +33,8 @@ from router.app import RELOADER, STATE, build_app, build_policies, listen_socket
 from router.backends.fleet_load import RouterName
 from router.batch.service import StoreBusy, claim_store, store_url
 from router.config.backends import shown_url
-from router.config.model import BatchSettings, ConfigError, ListenSettings, RouterConfig
+from router.config.batch import BatchSettings
+from router.config.model import ConfigError, ListenSettings, RouterConfig
 from router.config.parse import read_config
 from router.control.auth import Gate, exposure_warning
 from router.observe.metrics import Metrics

@@ -34,7 +34,7 @@ from router.batch.lines import KEYLESS
 from router.batch.store import BatchRow, BatchStore, FileRow, new_id
 from router.batch.upload import receive
 from router.batch.validate import Validator, load
-from router.config.model import BatchSettings
+from router.config.batch import BatchSettings
 from router.control.auth import Tenant, digest_of, presented_key, tenant_id
 from router.proxy.handler import PATHS
 from router.proxy.state import RouterState

@@ -41,7 +41,7 @@ from router.batch.lines import run_line
 from router.batch.metrics import BatchMetrics
 from router.batch.pacing import Pacer
 from router.batch.store import BatchRow, BatchStatus, BatchStore, Finished, Line, new_id
-from router.config.model import BatchSettings
+from router.config.batch import BatchSettings
 from router.proxy.state import RouterState
 from router.server.ids import usable_id
 

@@ -33,7 +33,7 @@ import math
 import time
 from collections import deque
 
-from router.config.model import BatchSettings
+from router.config.batch import BatchSettings
 from router.observe.outcomes import FAILURES
 
 PERIOD = 1.0

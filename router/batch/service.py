@@ -14,7 +14,7 @@ from router.batch.executor import Executor
 from router.batch.metrics import BatchMetrics
 from router.batch.pacing import Pacer
 from router.batch.sql import SqlStore
-from router.config.model import BatchSettings
+from router.config.batch import BatchSettings
 from router.proxy.state import RouterState
 
 

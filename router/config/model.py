@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from policies.types import Endpoint, RequestClass
+from router.config.batch import BatchSettings
 from router.config.tail import TailSettings
 
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions", "embeddings", "responses")
@@ -354,34 +355,6 @@ class ShadowSettings:
     max_concurrency: int = 16
     """Shadow requests open at once; more are dropped (and counted)."""
     timeout: float = 120.0
-
-
-@dataclass(frozen=True, slots=True)
-class BatchSettings:
-    """The Batch API (``/v1/files``, ``/v1/batches``), executed by the router (router.batch)."""
-
-    store: str = ""
-    """``sqlite:///path`` or ``postgresql://...``; empty: ``batch.db`` in :attr:`data_dir`."""
-    data_dir: str = ""
-    """Where the default store lives; the parser gives Turnout's data directory when the
-    config names neither (router.config.batch)."""
-    max_concurrency: int = 64
-    """Lines in flight per router process at most: the budget when no policy declares SLOs,
-    else the ceiling of the window the interactive TTFT paces (router.batch.pacing)."""
-    min_concurrency: int = 1
-    initial_concurrency: int = 4
-    headroom: float = 0.8
-    """The window shrinks when interactive P95 TTFT passes this share of its SLO."""
-    lease_seconds: float = 30.0
-    """A line's lease: renewed while it runs; a dead router's lines are taken after it."""
-    max_attempts: int = 3
-    """Tries of a line whose engine failed (5xx); 429 and saturation are retried until the
-    completion window ends."""
-    max_file_bytes: int = 200 * 1024 * 1024
-    max_lines: int = 50000
-    anonymous: bool = False
-    """Callers without an API key (keys optional) may use it, all as one owner; off, they
-    get 401 (a key the router does not know always does)."""
 
 
 @dataclass(frozen=True, slots=True)

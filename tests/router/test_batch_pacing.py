@@ -6,7 +6,7 @@ import pytest
 
 from router.batch import pacing
 from router.batch.pacing import Pacer
-from router.config.model import BatchSettings
+from router.config.batch import BatchSettings
 
 SETTINGS = BatchSettings(max_concurrency=20, min_concurrency=2, initial_concurrency=4, headroom=0.5)
 
