@@ -47,6 +47,7 @@ from policies.types import REQUEST_CLASSES, RequestClass
 from router.config.model import AdmissionSettings
 from router.control.fair import (
     NOBODY,
+    Activity,
     FairQueue,
     Head,
     Holding,
@@ -105,6 +106,10 @@ class WaitQueues(Generic[W]):
         self._queues: dict[RequestClass, FairQueue[W]] = {
             cls: FairQueue(cls, ledger) for cls in REQUEST_CLASSES
         }
+        holds: dict[str, Callable[[str | None], bool]] = {
+            cls: queue.holds for cls, queue in self._queues.items()
+        }
+        self._activity = Activity(ledger, lambda c: settings.for_class(c).active_window, holds)
 
     def waiting(self, cls: RequestClass) -> int:
         """Requests of ``cls`` waiting now."""
@@ -177,6 +182,8 @@ class WaitQueues(Generic[W]):
         ``share`` in ``cls`` at ``now``: below its ``max_inflight``, and, within its last
         ``reserve`` free slots, only if ``share``'s tenant is below its share (see the
         module); None when none has."""
+        self._activity.touch((cls, share.tenant), 0, now)  # its rows are claimed here
+        self._activity.sweep(now)  # first: rows of the idle are let go of before a claim
         limits = self.settings.for_class(cls)
         if limits.reserve == 0:
             return first_free(options)
@@ -202,10 +209,13 @@ class WaitQueues(Generic[W]):
     ) -> None:
         """A request of ``share`` costing ``cost`` (prompt tokens, output budget) goes at
         ``now``: it is counted as served and, if ``seat`` is not yet taken, takes it."""
+        self._activity.sweep(now)
         self.served(cls, share, *cost)
         if seat is not None and seat.cls is None:
             seat.cls, seat.share = cls, share
             self.hold(cls, share, 1, now)
+        else:
+            self._activity.touch((cls, share.tenant), 0, now)
 
     def left(self, seat: Seat, now: float) -> None:
         """The request of ``seat`` is over: its tenant holds one slot fewer (if it was
@@ -215,7 +225,11 @@ class WaitQueues(Generic[W]):
             seat.cls = None
 
     def hold(self, cls: RequestClass, share: Share, delta: int, now: float) -> None:
-        """``share``'s tenant holds ``delta`` more of ``cls``'s slots (0: it is seen, waiting)."""
+        """``share``'s tenant holds ``delta`` more of ``cls``'s slots (0: it is seen, waiting).
+        Tenants idle here past the class's ``active_window`` are let go of meanwhile
+        (router.control.fair.Activity)."""
+        self._activity.touch((cls, share.tenant), delta, now)
+        self._activity.sweep(now)
         if self.settings.for_class(cls).reserve:
             self._ledger.hold((cls, share.tenant), share.weight, delta, now)
 

@@ -32,7 +32,7 @@ own or one the router's workers share (router.control.fair_shared).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -126,6 +126,11 @@ class Ledger(Protocol):
         """Held while a backend's room is looked at and a slot there taken, so that two
         workers cannot both take its last slot (router.control.admission)."""
 
+    def release(self, key: tuple[str, str | None]) -> None:
+        """This process is done with ``key``'s tenant for now (idle here past the class's
+        ``active_window``, with nothing in flight or waiting here: :class:`Activity`): its
+        counters may go once no process uses them, and start afresh when it is back."""
+
 
 class LocalLedger:
     """Counters in this process's memory (bounded by the configured keys: one per tenant)."""
@@ -174,6 +179,13 @@ class LocalLedger:
     def taking(self) -> AbstractContextManager[object]:
         return nullcontext()  # one process: its event loop does one take at a time
 
+    def release(self, key: tuple[str, str | None]) -> None:
+        self._counters.pop(key, None)
+        cls, tenant = key
+        held = self._held.get(cls)
+        if held is not None:
+            held.pop(tenant, None)
+
     def holdings(self, key: tuple[str, str | None], since: float) -> tuple[int, list[Holding]]:
         cls, me = key
         held, others = 0, []
@@ -183,6 +195,58 @@ class LocalLedger:
             elif count > 0 or seen >= since:
                 others.append(Holding(weight, int(count)))
         return held, others
+
+
+SWEEP = 1.0
+"""How often, at most, a process looks for tenants to let go of (:class:`Activity`), in the
+admission's clock's seconds."""
+
+
+class Activity:
+    """The tenants this process has counted in each class lately: how many of their requests
+    hold a seat here and when it last saw them. A tenant idle here longer than its class's
+    ``active_window``, holding nothing and waiting for nothing here, is let go of
+    (:meth:`Ledger.release`), so the counters kept are the active tenants'. Its service is
+    forgotten with it: back, it starts at the least served waiter's (the lift when it
+    waits), as a tenant back after a pause does anyway."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        window: Callable[[str], float],
+        holds: Mapping[str, Callable[[str | None], bool]],
+    ) -> None:
+        """``window``: a class's ``active_window``; ``holds``: per class, whether a tenant
+        waits there here (:meth:`FairQueue.holds`)."""
+        self._ledger = ledger
+        self._window = window
+        self._holds = holds
+        self._seen: dict[tuple[str, str | None], list[float]] = {}  # key -> [seats, when]
+        self._next = 0.0
+
+    def touch(self, key: tuple[str, str | None], seats: int, now: float) -> None:
+        """``key``'s tenant was seen at ``now``, with ``seats`` more held here."""
+        row = self._seen.get(key)
+        if row is None:
+            self._seen[key] = [float(seats), now]
+        else:
+            row[0] += seats
+            row[1] = now
+
+    def sweep(self, now: float) -> None:
+        """Let go of the tenants idle past their class's window (at most every
+        :data:`SWEEP` seconds)."""
+        if now < self._next:
+            return
+        self._next = now + SWEEP
+        idle = [
+            key
+            for key, (seats, when) in self._seen.items()
+            if seats <= 0 and when < now - self._window(key[0]) and not self._holds[key[0]](key[1])
+        ]
+        for key in idle:
+            del self._seen[key]
+            self._ledger.release(key)
 
 
 class FairQueue(Generic[W]):
@@ -215,6 +279,11 @@ class FairQueue(Generic[W]):
 
     def __contains__(self, waiter: object) -> bool:
         return waiter in self._where
+
+    def holds(self, tenant: str | None) -> bool:
+        """Whether a waiter of ``tenant`` is here (queued, or woken to look for room)."""
+        waiting = (tenant in tenants for tenants in self._bands.values())
+        return any(waiting) or any(s.tenant == tenant for s in self._woken.values())
 
     def put(self, waiter: W, share: Share = NOBODY, *, front: bool = False) -> None:
         """Queue ``waiter``: after its tenant's others, or before them (a waiter woken for

@@ -125,6 +125,11 @@ def row_key(quota: str) -> float:
     return float((int.from_bytes(digest, "little") >> 12) or 1)
 
 
+FREED = -1.0
+"""The key of a row let go of (router.control.fair_shared): a probe passes over it, and a
+claim reuses it. No :func:`row_key` is negative."""
+
+
 def claim_row(words: memoryview[float], width: int, name: str) -> tuple[int, bool] | None:
     """The first word of ``name``'s row in a table of rows of ``width`` words, each a key then
     zeros when claimed (the caller holds the lock that guards claims), and whether it was
@@ -132,16 +137,22 @@ def claim_row(words: memoryview[float], width: int, name: str) -> tuple[int, boo
     key = row_key(name)
     rows = len(words) // width
     start = int(key) % rows
+    free = None  # the first freed row on the probe: ``name``'s if it is not further on
     for i in range(rows):
         at = ((start + i) % rows) * width
         held = words[at]
-        if held == _EMPTY:
-            words[at + 1 : at + width] = memoryview(bytearray((width - 1) * 8)).cast("d")
-            words[at] = key
-            return at, True
         if held == key:
             return at, False
-    return None
+        if held == FREED:
+            free = at if free is None else free
+        elif held == _EMPTY:
+            free = at if free is None else free
+            break
+    if free is None:
+        return None
+    words[free + 1 : free + width] = memoryview(bytearray((width - 1) * 8)).cast("d")
+    words[free] = key
+    return free, True
 
 
 def _level(words: memoryview[float], at: int, per_minute: int, now: float) -> float:
