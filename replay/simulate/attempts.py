@@ -30,6 +30,7 @@ from replay.simulate.world import Backend
 from router.backends.pool import BackendLease
 from router.config.model import RouterConfig
 from router.control.admission import Seat, WaitQueues
+from router.control.auth import tenant_shares
 from router.control.fair import NOBODY, Share
 from router.control.plan import Attempt, Plan, first_free
 
@@ -61,13 +62,8 @@ class Waiter:
     """In an admission queue (a deadline queued for it is void otherwise)."""
     seat: Seat = field(default_factory=Seat)
     """Its place among its tenant's requests, from its admission until :meth:`Attempts.left`."""
-
-    @property
-    def share(self) -> Share:
-        """Its tenant, as captured (the capture keeps no key's weight or band: 1 and 0)."""
-        route = self.routed.item.record.route
-        tenant = route.tenant if route is not None else None
-        return NOBODY if tenant is None else Share(tenant)
+    share: Share = NOBODY
+    """Its tenant, weight and band (:meth:`Attempts.share_of`)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -105,6 +101,7 @@ class Attempts:
     def __init__(self, config: RouterConfig, launch: Launch, refuse: Refuse) -> None:
         self.config = config
         self.queues: WaitQueues[Waiter] = WaitQueues(config.admission)
+        self._shares = tenant_shares(config.api_keys)
         self._launch, self._refuse = launch, refuse
         self._timers: list[tuple[float, int, Timer, Alive]] = []
         self._keys = itertools.count()
@@ -130,6 +127,16 @@ class Attempts:
     def at(self, t: float, timer: Timer, alive: Alive = _always) -> None:
         """Run ``timer`` at ``t`` if ``alive()`` still says so then."""
         heapq.heappush(self._timers, (t, next(self._keys), timer, alive))
+
+    def share_of(self, routed: Routed) -> Share:
+        """The captured tenant's place in the queues: the weight and ``priority`` band of the
+        configured key it is the tenant id of, when the config's keys can be hashed here
+        (router.control.auth.tenant_shares); else weight 1 and band 0."""
+        route = routed.item.record.route
+        tenant = route.tenant if route is not None else None
+        if tenant is None:
+            return NOBODY
+        return self._shares.get(tenant) or Share(tenant)
 
     def send(self, w: Waiter, now: float) -> None:
         """``w``'s next attempt: on the first of its attempts with room, else it waits."""

@@ -200,7 +200,8 @@ class Simulation:
         if isinstance(chosen, Refusal):
             self._refused(item, routed, Refused(chosen.status, chosen.message), now)
             return
-        self.router.send(Waiter(routed, chosen, now, list(chosen.attempts)), now)
+        share = self.router.share_of(routed)
+        self.router.send(Waiter(routed, chosen, now, list(chosen.attempts), share=share), now)
 
     def _launch(self, w: Waiter, attempt: Attempt, now: float) -> None:
         """``w``'s attempt on ``attempt``'s backend: the engine model takes it at ``now``."""
@@ -233,7 +234,7 @@ class Simulation:
             attempt.model,
             backend.seed,
             backend.engine.capacity_tokens(),
-            w.plan.priority(backend.state),
+            w.plan.priority(backend.state, w.share.band),
             self.prompts,
         )
         held = self._pulls.pop(w, None)

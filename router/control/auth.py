@@ -122,6 +122,24 @@ def tenant_id(digest: bytes) -> str:
     return hmac.new(digest, b"turnout-tenant", hashlib.sha256).hexdigest()[:16]
 
 
+def tenant_shares(specs: Sequence[ApiKeySpec]) -> dict[str, Share]:
+    """Each configured key's tenant id -> its place in the admission queues (its ``weight``
+    and ``priority`` band), for every key whose digest can be had here: all ``sha256`` keys,
+    and ``env`` or ``file`` keys whose variable is set or file readable (the others are left
+    out). ``replay simulate`` maps a capture's tenants by it: a tenant id is derived from the
+    key's digest alone (:func:`tenant_id`), not from the capture's hash key."""
+    shares: dict[str, Share] = {}
+    for spec in specs:  # a key listed twice: its last entry, as the gate has it
+        try:
+            digest = _resolve(spec)
+        except ValueError:
+            continue
+        if digest is not None:
+            tenant = tenant_id(digest)
+            shares[tenant] = Share(tenant, spec.priority, spec.weight)
+    return shares
+
+
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """The bearer token of ``Authorization``, if any."""
     auth = headers.get("Authorization", "")

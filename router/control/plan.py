@@ -20,6 +20,7 @@ from typing import Protocol
 from policies.base import Policy
 from policies.types import Decision, RequestInfo
 from router.backends.pool import BackendState, Pool
+from router.control.fair import engine_priority
 from router.server.errors import RouterError
 
 log = logging.getLogger("router")
@@ -48,10 +49,13 @@ class Plan:
     decision: Decision
     attempts: tuple[Attempt, ...]
 
-    def priority(self, backend: BackendState) -> int | None:
-        """The ``priority`` field of the body ``backend`` gets: only engines that schedule by
-        priority get one (others may reject it)."""
-        return self.decision.priority if backend.spec.priority_capable else None
+    def priority(self, backend: BackendState, band: int = 0) -> int | None:
+        """The ``priority`` field of the body ``backend`` gets, for a caller of ``band``
+        (router.control.fair.engine_priority): only engines that schedule by priority get
+        one (others may reject it)."""
+        if not backend.spec.priority_capable:
+            return None
+        return engine_priority(self.decision.priority, band)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ from policies.base import Policy
 from policies.types import RequestInfo
 from router.control.auth import Tenant
 from router.control.classify import Parsed
-from router.control.fair import engine_priority
 from router.control.plan import Attempt, Plan, Refusal, plan
 from router.proxy.body import asks_usage, upstream_body
 from router.proxy.state import RouterState, Snapshot
@@ -76,12 +75,10 @@ def with_bodies(
 def _body(
     planned: Plan, attempt: Attempt, parsed: Parsed, raw: bytes, add_usage: bool, band: int
 ) -> bytes:
-    backend = attempt.backend
-    priority = planned.priority(backend)
     return upstream_body(
         raw,
         parsed.doc,
         model=attempt.model,
-        priority=engine_priority(priority, band) if backend.spec.priority_capable else None,
+        priority=planned.priority(attempt.backend, band),
         add_usage=add_usage,
     )
