@@ -30,7 +30,8 @@ from router.proxy.state import RouterState, Snapshot
 from router.proxy.upstream import UpstreamFault
 from router.server.errors import RouterError
 from turnout.common.capture import CaptureRecord, Observed, Response, Route, iso_utc
-from turnout.common.sse import StreamFigures, StreamMeter
+from turnout.common.figures import StreamFigures
+from turnout.common.sse import StreamMeter
 
 log = logging.getLogger("router")
 

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.common.sse_spec import Recorder, spec_events
-from turnout.common.sse import MAX_EVENT_SIZE, StreamMeter, is_content_event
+from turnout.common.sse import MAX_EVENT_SIZE, StreamMeter
+from turnout.common.sse_events import is_content_event
 
 
 def _chat_stream(tokens: list[str], *, usage: bool) -> list[bytes]:

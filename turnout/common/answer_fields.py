@@ -3,8 +3,9 @@
 :class:`AnswerFields` reads parsed events of a stream (chat and completions chunks, the Responses
 API's typed events) and whole non-streamed bodies, and keeps only those fields. Every field is
 checked, since the upstream is not trusted: one that is malformed is ignored and counted in
-:attr:`AnswerFields.protocol_errors`, never raised. :class:`turnout.common.sse.StreamMeter`
-builds on it, adding the framing of the byte stream and its timing.
+:attr:`AnswerFields.protocol_errors`, never raised. :class:`turnout.common.sse_events.EventMeter`
+builds on it, adding the timing of content, and :class:`turnout.common.sse.StreamMeter` the
+framing of the byte stream.
 """
 
 from __future__ import annotations

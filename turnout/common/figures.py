@@ -12,6 +12,8 @@ TPOT, within the TPOT target.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def first_token(stream: bool, first: float | None, e2e: float | None) -> float | None:
     """The TTFT of an answer whose first content came at ``first`` and which ended at
@@ -42,3 +44,30 @@ def meets(
     if not ok or ttft is None or ttft > ttft_target:
         return False
     return tpot is None or tpot <= tpot_target
+
+
+@dataclass(slots=True)
+class StreamFigures:
+    """What a finished stream measured. Times are seconds relative to the request's start."""
+
+    ttft: float | None
+    e2e: float | None
+    content_events: int
+    itl_sum: float
+    itls: list[float] | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    finish_reason: str | None
+    error: dict[str, object] | None
+    done: bool
+    choices: int = 1
+    """Choices generated in parallel (a request's ``n``): the token counts cover them all."""
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first, per choice (None with fewer than two
+        tokens a choice): ``n`` choices decode side by side, so the tokens are divided among
+        them."""
+        tokens = self.completion_tokens or self.content_events
+        return per_token(self.ttft, self.e2e, tokens, self.choices)

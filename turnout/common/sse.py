@@ -25,30 +25,17 @@ found by its usage or error.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-import orjson
-
-from turnout.common.answer_fields import (
-    BAD,
-    JSON_WS,
-    LAST_TYPES,
-    AnswerFields,
-    error_object,
-    has_content,
-)
-from turnout.common.figures import per_token
+from turnout.common.answer_fields import BAD, LAST_TYPES
+from turnout.common.sse_events import EventMeter
+from turnout.common.sse_lines import CR, LF, blank_line
 
 MAX_EVENT_SIZE = 1 << 20
 """Default for :class:`StreamMeter`'s ``max_event_size``: 1 MiB."""
 
-_LF = 0x0A
-_CR = 0x0D
 _BOM = b"\xef\xbb\xbf"
 # A data field (lines ending in LF): "data", or "data:" and a value less one leading space.
 _DATA_FIELD = re.compile(rb"^data(?::[ ]?([^\n]*))?$", re.MULTILINE)
-# A line ending followed by another: the second ends an empty line.
-_BLANK = re.compile(rb"(?:\r\n|\r(?!\n)|\n)[\r\n]")
 # What the end of the last chunk left pending. A CR: an LF starting the next chunk is its second
 # byte, and belongs with it to the held-back event, an event returned, or one dropped. Or, at
 # the stream's start, whether it begins with a byte order mark.
@@ -60,97 +47,20 @@ _FAILED = 4  # nothing more is read
 _DATA = b"data:"
 _EVENT = b"event:"
 _DELTA = b".delta"
-_DONE = b"[DONE]"
-_NOT_NULL = JSON_WS + b":" + JSON_WS + rb"[^n \t\r\n]"  # after a key: a value other than null
-# An event is parsed only if one of these keys occurs in it with a value: the content keys
-# until the first content (in every event when tracking gaps), the others in any event.
-_CONTENT_HINT = re.compile(
-    rb'"(?:content|text|reasoning|reasoning_content|tool_calls|delta)"' + _NOT_NULL
-)
-_META_HINT = re.compile(rb'"(?:error|finish_reason|usage)"' + _NOT_NULL)
 # The names of the typed events read whole: the last ones and the error event.
 _READ_NAMES = frozenset({t.encode() for t in LAST_TYPES} | {b"error"})
 
 
-def _blank_line(data: bytes, pos: int) -> int:
-    """Where the first empty line after ``pos`` starts in ``data`` (CR, LF or CRLF endings).
-
-    ``pos`` is not taken for a line start, and never falls between the CR and LF of a CRLF.
-    Line endings are found with ``bytes.find`` (each byte scanned once), past a few lines with
-    a regular expression (so that a stream of one-byte lines costs no Python step per line).
-    """
-    n = len(data)
-    lf = data.find(b"\n", pos)
-    cr = data.find(b"\r", pos)
-    lines = 0
-    while lf >= 0 or cr >= 0:
-        if cr < 0 or 0 <= lf < cr:
-            nxt = lf + 1
-        elif cr + 1 < n and data[cr + 1] == _LF:
-            nxt = cr + 2
-        else:
-            nxt = cr + 1
-        if nxt >= n:
-            return -1
-        c = data[nxt]
-        if c in (_LF, _CR):
-            return nxt
-        lines += 1
-        if lines == 8:  # many short lines: let the regex engine walk the rest
-            m = _BLANK.search(data, nxt)
-            return -1 if m is None else m.end() - 1
-        if lf < nxt:
-            lf = data.find(b"\n", nxt) if lf >= 0 else -1
-        if cr < nxt:
-            cr = data.find(b"\r", nxt) if cr >= 0 else -1
-    return -1
-
-
-def is_content_event(payload: bytes) -> bool:
-    """Whether one SSE ``data`` payload carries generated content (a non-empty text, reasoning
-    or tool call in one of its choices)."""
-    if not _CONTENT_HINT.search(payload):
-        return False
-    try:
-        return has_content(orjson.loads(payload))
-    except orjson.JSONDecodeError:
-        return False
-
-
-@dataclass(slots=True)
-class StreamFigures:
-    """What a finished stream measured. Times are seconds relative to the request's start."""
-
-    ttft: float | None
-    e2e: float | None
-    content_events: int
-    itl_sum: float
-    itls: list[float] | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cached_tokens: int | None
-    finish_reason: str | None
-    error: dict[str, object] | None
-    done: bool
-    choices: int = 1
-    """Choices generated in parallel (a request's ``n``): the token counts cover them all."""
-
-    @property
-    def tpot(self) -> float | None:
-        """Mean time per output token after the first, per choice (None with fewer than two
-        tokens a choice): ``n`` choices decode side by side, so the tokens are divided among
-        them."""
-        tokens = self.completion_tokens or self.content_events
-        return per_token(self.ttft, self.e2e, tokens, self.choices)
-
-
-class StreamMeter(AnswerFields):
+class StreamMeter(EventMeter):
     """Feeds on raw SSE bytes in any split; remembers only what the figures need.
 
     Framing follows the WHATWG server-sent events parser: a line ends with CRLF, LF or CR
     (mixed freely, split anywhere, a CR at the end of one chunk and its LF at the start of the
     next included), an event ends at an empty line, and only ``data`` fields are read (several
     ``data`` lines are joined with LF; comments and other fields are forwarded, not metered).
+    What the data says is metered by :class:`turnout.common.sse_events.EventMeter` (its
+    ``keep_itl``, ``strip_usage``, ``track_gaps`` and ``choices``; a usage-only event dropped
+    with ``strip_usage`` is left out of what :meth:`feed` returns).
 
     :meth:`feed` returns whole events only: the bytes of an event still arriving are held back
     until its end (its client could not dispatch it earlier anyway), so that a stream cut short
@@ -166,44 +76,9 @@ class StreamMeter(AnswerFields):
     then on ``feed`` returns ``b""`` and keeps nothing. The caller must then end the stream:
     abort the upstream as a failed backend and end the client's stream with an error event
     (what was returned before is whole events, so that error event is received cleanly).
-
-    **Untrusted.** What the events say is read and checked by
-    :class:`turnout.common.answer_fields.AnswerFields` (malformed fields are counted in
-    :attr:`protocol_errors`, never raised). Counts are per event read (an event is read only
-    if it may matter, so a malformed event after the first content that names none of those
-    keys goes unnoticed, and unharmed).
-
-    ``strip_usage``: drop the usage-only event (a non-null ``usage`` and ``choices`` empty or
-    absent) from what :meth:`feed` returns, for when the router asked the engine for usage on
-    the client's behalf.
-
-    ``track_gaps``: look for content in every event (needed for ITL). The router passes False:
-    after the first content event it only watches for the finish, usage, error and ``[DONE]``
-    events, which roughly halves the per-chunk scan; its TPOT then comes from the usage figures.
-
-    ``choices``: the request's ``n``, so that TPOT is per choice (see :class:`StreamFigures`).
     """
 
-    __slots__ = (
-        "_bol",
-        "_bom",
-        "_buf",
-        "_choices",
-        "_edge",
-        "_last_content",
-        "_limit",
-        "_start",
-        "_strip_usage",
-        "_track_gaps",
-        "body_bytes",
-        "content_events",
-        "data_events",
-        "failure",
-        "first_content",
-        "itl_sum",
-        "itls",
-        "last_event",
-    )
+    __slots__ = ("_bol", "_bom", "_buf", "_edge", "_limit", "failure")
 
     def __init__(
         self,
@@ -217,27 +92,18 @@ class StreamMeter(AnswerFields):
     ) -> None:
         if max_event_size < 1:
             raise ValueError(f"max_event_size must be positive, not {max_event_size}")
-        super().__init__()
-        self._start = start
-        self._choices = max(1, choices)
-        self._strip_usage = strip_usage
-        self._track_gaps = track_gaps or keep_itl
+        super().__init__(
+            start,
+            keep_itl=keep_itl,
+            strip_usage=strip_usage,
+            track_gaps=track_gaps,
+            choices=choices,
+        )
         self._limit = max_event_size
         self._buf = bytearray()  # the event still arriving: never longer than _limit
         self._bol = True  # the next byte starts a line
         self._edge = _FRESH  # what the last chunk's end left pending (see _CR_KEPT)
         self._bom = False  # the first event starts with a BOM (to be ignored)
-        self._last_content: float | None = None
-        self.first_content: float | None = None
-        self.last_event: float | None = None
-        self.content_events = 0
-        self.data_events = 0
-        """Data events other than ``[DONE]``: about one token each in an engine's stream (a
-        settlement's estimate when the engine reports no usage)."""
-        self.body_bytes = 0
-        """The size of a non-streamed body (:meth:`feed_body`)."""
-        self.itl_sum = 0.0
-        self.itls: list[float] | None = [] if keep_itl else None
         self.failure: str | None = None
         """Why the stream cannot go on (an event over ``max_event_size``), else None."""
 
@@ -257,7 +123,7 @@ class StreamMeter(AnswerFields):
                 if self._check_bom(data):
                     pos = 3 - len(buf)  # the first line starts after it
                     self._bol = True  # also when the BOM came split over chunks
-            elif data[0] == _LF:  # the second byte of a CRLF: not a line ending of its own
+            elif data[0] == LF:  # the second byte of a CRLF: not a line ending of its own
                 pos = 1
                 if not buf:  # that CR ended the last event, so this LF is that event's
                     start = 1
@@ -275,7 +141,7 @@ class StreamMeter(AnswerFields):
                 if i == pos and bol:
                     t = i
                     one = False
-                elif i + 1 < n and data[i + 1] == _LF:
+                elif i + 1 < n and data[i + 1] == LF:
                     t = i + 1
                     one = pos == start and not buf  # the event is the line data[start:i]
                 else:
@@ -285,17 +151,17 @@ class StreamMeter(AnswerFields):
                     t += 1
                     one = False
             else:
-                if bol and pos < n and data[pos] in (_LF, _CR):
+                if bol and pos < n and data[pos] in (LF, CR):
                     t = pos
                 else:
-                    t = _blank_line(data, pos)
+                    t = blank_line(data, pos)
                     if t < 0:
                         break
                 one = False
-            if data[t] == _LF:
+            if data[t] == LF:
                 end = t + 1
             elif t + 1 < n:
-                end = t + 2 if data[t + 1] == _LF else t + 1
+                end = t + 2 if data[t + 1] == LF else t + 1
             else:
                 end = n  # a CR last: an LF starting the next chunk will belong to it
             size = len(buf) + t - start
@@ -325,7 +191,7 @@ class StreamMeter(AnswerFields):
                     run = end
             pos = start = end
             if end == n:
-                if data[t] == _CR:
+                if data[t] == CR:
                     self._edge = _CR_KEPT if keep else _CR_DROPPED
                 break
             bol = True
@@ -334,8 +200,8 @@ class StreamMeter(AnswerFields):
                 return self._too_large(data, run, start, out)
             buf += data[start:] if start else data
             last = data[n - 1]
-            self._bol = pos == n or last in (_LF, _CR)  # pos == n: just after a BOM
-            if last == _CR:
+            self._bol = pos == n or last in (LF, CR)  # pos == n: just after a BOM
+            if last == CR:
                 self._edge = _CR_KEPT
         else:
             self._bol = True
@@ -375,7 +241,7 @@ class StreamMeter(AnswerFields):
     def _event(self, buf: bytes, s: int, t: int, now: float) -> bool:
         """Meter the event whose lines are ``buf[s:t]``; False if it must not be forwarded."""
         if buf.startswith(_DATA, s):  # one `data:` line (the usual event) is quicker to read
-            e = t - 2 if buf[t - 1] == _LF and buf[t - 2] == _CR else t - 1
+            e = t - 2 if buf[t - 1] == LF and buf[t - 2] == CR else t - 1
             if buf.find(b"\n", s, e) < 0 and buf.find(b"\r", s, e) < 0:
                 return self._payload(buf[s + 6 if buf[s + 5] == 0x20 else s + 5 : e], now)
         elif buf.startswith(_EVENT, s):  # a typed event: `event: NAME`, then one `data:` line
@@ -420,79 +286,3 @@ class StreamMeter(AnswerFields):
             elif doc is not BAD:
                 self._count("bad_json")
         return True
-
-    def _payload(self, payload: bytes, now: float) -> bool:
-        """Meter an event's data; False if the event must not be forwarded."""
-        self.last_event = now
-        if payload == _DONE or (len(payload) < 16 and payload.strip() == _DONE):
-            self.done = True
-            return True
-        self.data_events += 1
-        if (self._track_gaps or self.first_content is None) and _CONTENT_HINT.search(payload):
-            doc = self._parse(payload)
-            if has_content(doc):
-                if self.first_content is None:
-                    self.first_content = now
-                else:
-                    gap = now - self._last_content  # type: ignore[operator]
-                    self.itl_sum += gap
-                    if self.itls is not None:
-                        self.itls.append(gap)
-                self._last_content = now
-                self.content_events += 1
-        elif _META_HINT.search(payload):
-            doc = self._parse(payload)
-        else:
-            return True  # nothing else to read (e.g. `"finish_reason":null`)
-        if not isinstance(doc, dict):
-            if doc is not BAD:
-                self._count("bad_json")
-            return True
-        kind = doc.get("type")
-        if kind is not None:
-            self._typed(kind, doc)
-            return True
-        err = doc.get("error")
-        if err is not None:
-            self.error = error_object(err)
-            return True
-        choices = doc.get("choices")
-        if isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict):
-                    self._finish(choice.get("finish_reason"))
-                else:
-                    self._count("bad_json")
-        elif choices is not None:
-            self._count("bad_json")
-        usage = doc.get("usage")
-        if usage is None:
-            return True
-        self._usage(usage)
-        # The usage-only event: the one to drop when the router asked for it, not the client.
-        return not (self._strip_usage and (choices is None or choices == []))
-
-    def feed_body(self, body: bytes, now: float) -> None:
-        """Meter a non-streamed JSON answer that arrived whole at ``now``."""
-        self.first_content = self.last_event = now
-        self.body_bytes = len(body)
-        if self.read_body(body):
-            self.content_events = 1
-
-    def figures(self, end: float | None = None) -> StreamFigures:
-        """The stream's figures; ``end`` defaults to the last event's arrival."""
-        finish = end if end is not None else self.last_event
-        return StreamFigures(
-            ttft=None if self.first_content is None else self.first_content - self._start,
-            e2e=None if finish is None else finish - self._start,
-            content_events=self.content_events,
-            itl_sum=self.itl_sum,
-            itls=self.itls,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            cached_tokens=self.cached_tokens,
-            finish_reason=self.finish_reason,
-            error=self.error,
-            done=self.done,
-            choices=self._choices,
-        )
