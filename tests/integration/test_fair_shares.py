@@ -7,14 +7,18 @@ over a fresh connection, so the kernel spreads them over both workers."""
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
+from router.control.fair import SWEEP
+from router.control.fair_shared import TENANTS
 from tests.procs import Emulator, metric, start_emulator, wait_for
 from tests.router.harness import Reply, base_config, post, start_router, write_config
 
@@ -135,3 +139,40 @@ def test_a_freed_slot_goes_to_the_routers_first_waiter_in_whichever_worker(
             if across:
                 break
     assert across  # the freed slot and the first waiter were in different workers
+
+
+def test_the_reserve_holds_after_more_tenants_came_and_went_than_the_table_holds(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    """Past ``TENANTS`` keys, each seen once and idle since for longer than the window, the
+    workers still share what the heavy and the light tenant hold: rows were freed for them.
+    The light tenant keeps to one connection, so one worker; a table that kept every key
+    would count it in that worker alone, and the other would let the flood take the kept
+    slot."""
+    doc = config(emulator)
+    doc["admission"]["batch"]["active_window"] = 2.0
+    others = [f"sk-fair-many-{i}" for i in range(TENANTS + 40)]
+    doc["api_keys"] += [{"name": f"m{i}", "sha256": digest(key), "class": "batch"}
+                        for i, key in enumerate(others)]  # fmt: skip
+    with (
+        start_router(write_config(tmp_path, doc), ["--workers", "2"]) as router,
+        ThreadPoolExecutor(12) as pool,
+        openai.OpenAI(base_url=router.url + "/v1", api_key=LIGHT, max_retries=0) as light,
+    ):
+
+        def ask() -> str:
+            """One light request over the light tenant's one connection: its worker."""
+            reply = light.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            return reply.headers["x-request-id"].rsplit("-", 1)[0]
+
+        replies = [pool.submit(chat, router.url, key) for key in others]
+        assert {f.result().status for f in replies} == {200}
+        time.sleep(2.0 + 2 * SWEEP)  # every one of them idle past the window
+        home = ask()  # the light tenant is seen, in one worker
+        beside = flood(pool, router.url, 4)  # over fresh connections: both workers
+        assert wait_for(lambda: running(emulator) == 2, 30)  # the third slot is kept
+        assert [ask() for _ in range(4)] == [home] * 4  # served at once, while...
+        assert running(emulator) == 2 and not any(f.done() for f in beside)  # ...all wait
+        assert [f.result().status for f in beside] == [200] * 4
