@@ -5,13 +5,14 @@
 Two routers of two workers each (real processes) share a redis-server this script starts
 (``limits.store.redis``) in front of one upstream that holds each request ``--hold`` seconds
 and counts the requests it holds at once (benchmarks/counting_upstream.py), configured with
-``max_inflight: --cap``. ``--concurrency`` closed-loop clients per router (each request a
-fresh connection, so the kernel spreads them over the workers; an admission queue holds
-those that find no slot) hammer all four processes for ``--seconds``, twice (an A/A pair,
-to show the noise). Printed per run: the most requests the upstream held at once, the share
-of its counts (sampled every 10 ms) above the cap, its mean (how full the fleet kept it)
-and the answers per second through each router; and the load average beside them. Run it
-on another checkout to compare (the figures in docs/benchmarks.md, Fleet cap).
+``max_inflight: --cap``. ``--concurrency`` closed-loop clients per router (``--b-clients``
+through router b: 0 leaves it idle beside a busy one; each request a fresh connection, so
+the kernel spreads them over the workers; an admission queue holds those that find no slot)
+hammer all four processes for ``--seconds``, twice (an A/A pair, to show the noise).
+Printed per run: the most requests the upstream held at once, the share of its counts
+(sampled every 10 ms) above the cap, its mean (how full the fleet kept it) and the answers
+per second through each router; and the load average beside them. Run it on another
+checkout to compare (the figures in docs/benchmarks.md, Fleet cap).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ BODY = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": 
                      "max_tokens": 1, "stream": False})  # fmt: skip
 
 
-async def _run(upstream: str, urls: list[str], seconds: float, conc: int) -> dict[str, Any]:
+async def _run(upstream: str, urls: list[str], seconds: float, conc: list[int]) -> dict[str, Any]:
     served = dict.fromkeys(urls, 0)
     counts: list[int] = []
     stop = asyncio.Event()
@@ -63,7 +64,8 @@ async def _run(upstream: str, urls: list[str], seconds: float, conc: int) -> dic
 
         async with s.post(upstream + "/peak") as r:
             await r.read()
-        tasks = [asyncio.create_task(client(u)) for u in urls for _ in range(conc)]
+        pairs = zip(urls, conc, strict=True)
+        tasks = [asyncio.create_task(client(u)) for u, n in pairs for _ in range(n)]
         tasks.append(asyncio.create_task(sample()))
         await asyncio.sleep(seconds)
         stop.set()
@@ -101,23 +103,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", type=int, default=8, help="the backend's max_inflight")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=16, help="clients per router")
+    parser.add_argument("--b-clients", type=int, help="router b's (default: --concurrency)")
     parser.add_argument("--hold", type=float, default=0.05, help="seconds a request is held")
     args = parser.parse_args(argv)
     up, upstream = spawn_ready(
         [sys.executable, "-m", "benchmarks.counting_upstream", "--hold", str(args.hold)],
         READY, 30,
     )  # fmt: skip
-    print(f"max_inflight {args.cap}, 2 routers x 2 workers, {args.concurrency} clients per "
-          f"router, each request held {args.hold:g} s, {args.seconds:g} s runs")  # fmt: skip
+    b = args.concurrency if args.b_clients is None else args.b_clients
+    print(f"max_inflight {args.cap}, 2 routers x 2 workers, {args.concurrency} clients through a, "
+          f"{b} through b, each request held {args.hold:g} s, {args.seconds:g} s runs")  # fmt: skip
     print(f"{'run':5} {'peak':>5} {'over cap':>9} {'mean held':>10} "
           f"{'router a /s':>12} {'router b /s':>12} {'load avg':>16}")  # fmt: skip
     try:
         with tempfile.TemporaryDirectory() as name, redis_server(Path(name)) as (url, _):
             doc = _config(args.cap, upstream, url)
+            b = args.b_clients
             with _routers(doc, Path(name), 2, 2) as urls:
                 time.sleep(1.0)  # the first grants asked for
                 for run in ("A", "A'"):
-                    got = uvloop.run(_run(upstream, urls, args.seconds, args.concurrency))
+                    conc = [args.concurrency, args.concurrency if b is None else b]
+                    got = uvloop.run(_run(upstream, urls, args.seconds, conc))
                     print(_row(run, got, args.cap))
     finally:
         stop_all([up])

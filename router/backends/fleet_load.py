@@ -14,7 +14,9 @@ backend's :attr:`~router.backends.pool.BackendState.grant` (kept in the workers'
 memory, so every worker admits against it), under the lock under which admission finds a
 backend with room and takes its slot. The router then admits on a backend only while its
 own requests there are fewer than its grant, and the grants never add up to more than the
-cap: exact, and no Redis round trip on the request path. When a grant grows, or another
+cap: exact, and no Redis round trip on the request path. It asks for what it has in flight,
+waiting and turned away since it last asked, plus :data:`HEADROOM`; a request turned away
+has it ask again after a quarter of a period, not a whole one. When a grant grows, or another
 replica's count falls, waiters in the admission queues are woken, as a request ending here
 wakes them.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -52,8 +55,8 @@ log = logging.getLogger("router")
 PERIOD = 0.2
 TTL_MS = 2000
 HEADROOM = 0.25
-"""A router asks for this much more than it has in flight and waiting (at least one slot),
-so that a busy one's grant grows by a quarter a period while slots are free."""
+"""A router asks for this much more than it has in flight, waiting and turned away, so that
+a busy one's grant grows by a quarter an ask while slots are free."""
 PREFIX = "turnout:load:"
 ROUTERS = PREFIX + "routers"
 
@@ -102,6 +105,7 @@ class FleetLoad:
         self._on_error = on_error
         self._task: asyncio.Task[None] | None = None
         self._asked = -float("inf")  # when the last answered ask for grants was sent
+        self._turned: dict[str, int] = {}  # each backend's requests turned away, as last asked
         self.up = True
         self._level = logging.WARNING if name.publishes else logging.DEBUG  # one line per router
 
@@ -123,8 +127,23 @@ class FleetLoad:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(PERIOD)
+            await self._pause()
             await self._once()
+
+    async def _pause(self) -> None:
+        """Until the next period; for the process that asks for the router's grants, only
+        until a quarter of one has passed and a request found no room since the last ask
+        (so that the router's want is heard within that, not a period)."""
+        if not self._name.publishes or not self.up:  # an outage is not asked of faster
+            await asyncio.sleep(PERIOD)
+            return
+        for _ in range(4):
+            await asyncio.sleep(PERIOD / 4)
+            if any(b.turned_total() > self._turned.get(b.name, 0) for b in self._capped()):
+                return
+
+    def _capped(self) -> list[BackendState]:
+        return [b for b in self._pool.backends if b.spec.max_inflight is not None]
 
     async def _once(self) -> None:
         try:
@@ -135,7 +154,7 @@ class FleetLoad:
     async def exchange(self) -> None:
         """Write this router's counts and ask for its grants (if it speaks for it), read
         the others' counts."""
-        capped = [b for b in self._pool.backends if b.spec.max_inflight is not None]
+        capped = self._capped()
         me = self._name.id
         if self._name.publishes and capped:
             await self._ask(capped)
@@ -168,15 +187,18 @@ class FleetLoad:
         """One script run: this router's grant of every capped backend's slots."""
         queued = self._admission.waiting()
         args: list[str | int] = [self._name.id, TTL_MS]
+        turned = {b.name: b.turned_total() for b in capped}
         with self._admission.taking():  # what it holds as it asks: nothing admitted between
             for b in capped:
                 cap, inflight, grant = b.spec.max_inflight or 0, b.own_figures()[0], b.grant
-                want = inflight + queued + max(1, int(inflight * HEADROOM))
+                away = max(0, turned[b.name] - self._turned.get(b.name, 0))
+                want = inflight + queued + away + math.ceil(inflight * HEADROOM)
                 args += [cap, want, inflight, cap if grant is None else grant]
         asked = time.monotonic()
         keys = [WARM] + [backend_key(b.name) for b in capped]
         targets = await self._grant(keys=keys, args=args)
         self._asked = asked
+        self._turned = turned
         self._regrant(capped, [int(t) for t in targets])
 
     def _regrant(self, backends: list[BackendState], grants: Sequence[int | None]) -> None:
@@ -215,7 +237,7 @@ class FleetLoad:
             )  # fmt: skip
         self._set({})
         if self._name.publishes and time.monotonic() - self._asked > TTL_MS / 1000:
-            capped = [b for b in self._pool.backends if b.spec.max_inflight is not None]
+            capped = self._capped()
             lapsed = None if self._on_error == "allow" else 0
             self._regrant(capped, [lapsed] * len(capped))
 

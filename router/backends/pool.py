@@ -64,6 +64,7 @@ class BackendState:
         (router.backends.fleet_load): the policies see them beside this router's."""
         self._granted = granted
         self._grant = UNHEARD  # without ``shared``; with it, the router's is kept there
+        self._turned = 0  # without ``shared`` (see :meth:`turned_away`)
         self._probe_ok = True
         self._probe_failures = 0
         self.breaker = Breaker(
@@ -169,6 +170,18 @@ class BackendState:
             self._shared.set_grant(code)
         else:
             self._grant = code
+
+    def turned_away(self) -> None:
+        """A request found no room here (it waits, or is refused): the router asks for more
+        of the fleet's slots next time (router.backends.fleet_load)."""
+        if self._shared is not None:
+            self._shared.turned_away()
+        else:
+            self._turned += 1
+
+    def turned_total(self) -> int:
+        """The requests :meth:`turned_away` counted, every worker's, since they started."""
+        return self._shared.turned_total() if self._shared is not None else self._turned
 
     @property
     def limit(self) -> int | None:

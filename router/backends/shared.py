@@ -7,7 +7,9 @@ one small anonymous shared memory segment before it forks (the children inherit 
 on disk to clean up) with one row per worker. A worker writes only its own row, one slot per
 backend (in flight, outstanding prompt and output tokens), and reads every row to sum them.
 Worker 0's slot also keeps the router's grant of the backend's slots among its replicas
-(router.backends.grants), which worker 0 asks for and every worker reads.
+(router.backends.grants), which worker 0 asks for and every worker reads; and every slot
+counts the requests that found no room on the backend, which worker 0 adds to what it asks
+for.
 
 No lock is needed: every slot has one writer, and each figure is an aligned 8-byte word,
 which the CPU reads and writes whole. A reader may see one worker's three figures from two
@@ -29,9 +31,10 @@ import mmap
 log = logging.getLogger("router")
 
 SLOTS = 1024
-"""Backends one worker can hold slots for over its lifetime (8 bytes x 5 words each)."""
-_WORDS = 5  # key, in flight, outstanding prompt and output tokens, the router's grant
-_GRANT = 4
+"""Backends one worker can hold slots for over its lifetime (8 bytes x 6 words each)."""
+_WORDS = 6  # key, in flight, outstanding prompt and output tokens, the router's grant, and
+_GRANT = 4  # the requests that found no room here (a count that only grows)
+_TURNED = 5
 _EMPTY = 0
 
 
@@ -122,6 +125,21 @@ class Slot:
                 return 0
         return self._words[at + _GRANT]
 
+    def turned_away(self) -> None:
+        """One more request found no room here (this worker's count)."""
+        self._words[self._at + _TURNED] += 1
+
+    def turned_total(self) -> int:
+        """Requests that found no room here, over every worker, since they started."""
+        total = 0
+        for r, row in enumerate(self._rows):
+            at = self._found[r]
+            if at is None:
+                at = self._found[r] = _find(self._words, row, self._key)
+            if at is not None:
+                total += self._words[at + _TURNED]
+        return total
+
     def totals(self) -> tuple[int, int, int]:
         """In flight, outstanding prompt and output tokens over every worker."""
         w, found = self._words, self._found
@@ -150,7 +168,8 @@ def _find(words: memoryview, row: int, key: int, *, claim: bool = False) -> int 
         if held == _EMPTY:
             if not claim:
                 return None
-            words[at + 1] = words[at + 2] = words[at + 3] = words[at + _GRANT] = 0
+            for word in range(1, _WORDS):
+                words[at + word] = 0
             words[at] = key  # last: a reader sees the key only with zeroed figures
             return at
     return None

@@ -140,6 +140,27 @@ def test_two_routers_of_two_workers_never_pass_the_backends_cap(
         assert peak(upstream) == CAP, hammer.replies
 
 
+def test_a_router_without_a_queue_beside_a_busy_one_is_not_starved(
+    upstream: Process, redis: RedisServer, tmp_path: Path
+) -> None:
+    doc = config(upstream, redis)
+    quiet = {key: value for key, value in doc.items() if key != "admission"}
+    with (
+        start_router(write_config(tmp_path, doc, "a.yaml"), ["--workers", "2"]) as a,
+        start_router(write_config(tmp_path, quiet, "b.yaml"), ["--workers", "2"]) as b,
+        Hammer([a.url], 8).running(),
+    ):
+        time.sleep(1.5)  # a holds the whole cap; b, idle, wants none of it
+        peak(upstream, reset=True)
+        statuses = []
+        for _ in range(30):  # one at a time: each refusal is what b asks for next
+            statuses.append(post(b.url + "/v1/chat/completions", BODY).status)
+            time.sleep(0.05)
+        assert peak(upstream) <= CAP
+    assert set(statuses) <= {200, 429}
+    assert statuses.count(200) >= 10, statuses
+
+
 def test_a_killed_routers_slots_come_back_to_the_others(
     upstream: Process, redis: RedisServer, tmp_path: Path
 ) -> None:

@@ -132,8 +132,12 @@ def test_a_backends_max_inflight_caps_the_fleet_not_each_router(
 ) -> None:
     doc = config(emulator, redis.url)
     doc["backends"][0]["max_inflight"] = 2
+    # Idle, the two routers share the cap as headroom: router a's second request waits for
+    # its grant to grow as b's shrinks (b idle wants none), where without a queue it would be
+    # refused at once.
+    queued = {**doc, "admission": {"interactive": {"queue_size": 4, "max_wait": 10}}}
     with (
-        start_router(write_config(tmp_path, doc, "a.yaml"), ["--workers", "2"]) as a,
+        start_router(write_config(tmp_path, queued, "a.yaml"), ["--workers", "2"]) as a,
         start_router(write_config(tmp_path, doc, "b.yaml")) as b,
         ThreadPoolExecutor(2) as pool,
     ):

@@ -86,3 +86,25 @@ def test_a_backend_removed_and_added_again_keeps_its_open_requests() -> None:
     held.release()
     lease.release()
     assert new.figures() == (0, 0, 0)
+
+
+def test_worker_0s_grant_is_every_workers_and_turned_away_requests_add_up() -> None:
+    shared = SharedLoad(2)
+    specs = [BackendSpec(name="vllm", url="http://127.0.0.1:9000", engine="vllm", max_inflight=4)]
+    first, second = (
+        Pool(specs, {}, HealthSettings(), shared=shared.row(w), granted=True).by_name["vllm"]
+        for w in (0, 1)
+    )
+    assert first.grant == second.grant == 0  # none heard yet: none held
+    first.grant = 3
+    assert second.grant == 3 and second.limit == 3
+    second.lease(_request(1, 1))  # held until the worker dies below
+    assert first.limit == 3 and first.inflight == 1  # room for two more, in either worker
+    first.grant = None  # capping alone
+    assert second.grant is None and second.limit == 4
+    first.turned_away()
+    second.turned_away()
+    second.turned_away()
+    assert first.turned_total() == second.turned_total() == 3
+    shared.clear(1)  # worker 1 died: its requests went, the router's grant stays
+    assert first.inflight == 0 and second.grant is None
