@@ -10,7 +10,7 @@ backend that has a ``max_inflight`` into a hash of its own that expires unless r
 
 The cap itself is held by slot grants (router.backends.grants): in the same period the
 process that speaks for the router asks for its grants in one script run, and sets each
-backend's :attr:`~router.backends.pool.BackendState.grant` (kept in the workers' shared
+backend's :attr:`~router.backends.grants.FleetShare.grant` (kept in the workers' shared
 memory, so every worker admits against it), under the lock under which admission finds a
 backend with room and takes its slot. The router then admits on a backend only while its
 own requests there are fewer than its grant, and the grants never add up to more than the
@@ -139,7 +139,7 @@ class FleetLoad:
             return
         for _ in range(4):
             await asyncio.sleep(PERIOD / 4)
-            if any(b.turned_total() > self._turned.get(b.name, 0) for b in self._capped()):
+            if any(b.fleet.turned_total() > self._turned.get(b.name, 0) for b in self._capped()):
                 return
 
     def _capped(self) -> list[BackendState]:
@@ -187,10 +187,10 @@ class FleetLoad:
         """One script run: this router's grant of every capped backend's slots."""
         queued = self._admission.waiting()
         args: list[str | int] = [self._name.id, TTL_MS]
-        turned = {b.name: b.turned_total() for b in capped}
+        turned = {b.name: b.fleet.turned_total() for b in capped}
         with self._admission.taking():  # what it holds as it asks: nothing admitted between
             for b in capped:
-                cap, inflight, grant = b.spec.max_inflight or 0, b.own_figures()[0], b.grant
+                cap, inflight, grant = b.spec.max_inflight or 0, b.own_figures()[0], b.fleet.grant
                 away = max(0, turned[b.name] - self._turned.get(b.name, 0))
                 want = inflight + queued + away + math.ceil(inflight * HEADROOM)
                 args += [cap, want, inflight, cap if grant is None else grant]
@@ -206,7 +206,7 @@ class FleetLoad:
         with self._admission.taking():
             rooms = [_room(b) for b in backends]
             for b, g in zip(backends, grants, strict=True):
-                b.grant = g
+                b.fleet.grant = g
         self._woken(backends, rooms)
 
     def _set(self, totals: dict[str, int]) -> None:

@@ -27,12 +27,16 @@ still hold theirs: a router asking with a limit it has no record of marks the st
 router asks within that time, so the grants are all known again before any grows. (A
 router starting for the first time in the one period between such a restart and the first
 old router's ask is the exception: it may take slots an old router still holds.)
+
+:class:`FleetShare` keeps a backend's grant where every worker of the router reads it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from router.backends.shared import Slot
 
 PREFIX = "turnout:slots:"
 WARM = PREFIX + "warm"
@@ -161,3 +165,53 @@ figures. Returns the targets, in the backends' order. Each hash maps a router's 
 
 def backend_key(name: str) -> str:
     return PREFIX + "backend:" + name
+
+
+_UNHEARD, _ALONE, _GRANTED = 0, 1, 2
+"""How a grant is kept: none heard yet, capping alone, or the grant plus :data:`_GRANTED` (so
+that a fresh shared slot's zero reads as unheard)."""
+
+
+class FleetShare:
+    """One backend's grant for this router, and the requests that found no room on it: in
+    its workers' shared memory (router.backends.shared), or, without workers, here."""
+
+    __slots__ = ("_code", "_granted", "_shared", "_turned")
+
+    def __init__(self, shared: Slot | None, granted: bool) -> None:
+        """``granted``: the router's replicas share the backend's cap by slot grants."""
+        self._shared = shared
+        self._granted = granted
+        self._code = _UNHEARD
+        self._turned = 0
+
+    @property
+    def grant(self) -> int | None:
+        """The slots this router may hold on the backend: None while it caps alone (no
+        Redis, or its grant lapsed in an outage with ``on_error: allow``). A router that
+        shares its cap but has heard no grant yet holds none."""
+        code = self._shared.grant() if self._shared is not None else self._code
+        if code == _UNHEARD:
+            return 0 if self._granted else None
+        return None if code == _ALONE else code - _GRANTED
+
+    @grant.setter
+    def grant(self, slots: int | None) -> None:
+        """Set by the one process of the router that asks for its grants."""
+        code = _ALONE if slots is None else slots + _GRANTED
+        if self._shared is not None:
+            self._shared.set_grant(code)
+        else:
+            self._code = code
+
+    def turned_away(self) -> None:
+        """A request found no room on the backend (it waits, or is refused): the router
+        asks for more of the fleet's slots next time (router.backends.fleet_load)."""
+        if self._shared is not None:
+            self._shared.turned_away()
+        else:
+            self._turned += 1
+
+    def turned_total(self) -> int:
+        """The requests :meth:`turned_away` counted, every worker's, since they started."""
+        return self._shared.turned_total() if self._shared is not None else self._turned

@@ -19,6 +19,7 @@ from dataclasses import replace
 from policies.candidates import Candidates
 from policies.types import Candidate, EngineLoad, RequestInfo, group_of
 from router.backends.breaker import Breaker
+from router.backends.grants import FleetShare
 from router.backends.serving import Serving, ServingSets
 from router.backends.shared import Slot, WorkerRow
 from router.config.backends import ClientTls, client_tls
@@ -26,9 +27,6 @@ from router.config.model import BackendSpec, HealthSettings
 
 log = logging.getLogger("router")
 Clock = Callable[[], float]
-UNHEARD, ALONE, _GRANTED = 0, 1, 2
-"""How a grant is kept (:attr:`BackendState.grant`): none heard yet, capping alone, or the
-grant plus :data:`_GRANTED` (so a fresh shared slot's zero reads as unheard)."""
 
 
 class BackendState:
@@ -62,9 +60,8 @@ class BackendState:
         self.elsewhere = 0
         """Requests other router replicas have in flight here, as last heard
         (router.backends.fleet_load): the policies see them beside this router's."""
-        self._granted = granted
-        self._grant = UNHEARD  # without ``shared``; with it, the router's is kept there
-        self._turned = 0  # without ``shared`` (see :meth:`turned_away`)
+        self.fleet = FleetShare(shared, granted)
+        """This router's share of the backend's ``max_inflight`` among its replicas."""
         self._probe_ok = True
         self._probe_failures = 0
         self.breaker = Breaker(
@@ -152,38 +149,6 @@ class BackendState:
         return self.figures()[0]
 
     @property
-    def grant(self) -> int | None:
-        """The slots this router may hold here by its fleet grant (router.backends.grants):
-        None while it caps alone (no grant: no Redis, or its grant lapsed in an outage with
-        ``on_error: allow``). A router that shares its cap but has heard no grant yet holds
-        none."""
-        code = self._shared.grant() if self._shared is not None else self._grant
-        if code == UNHEARD:
-            return 0 if self._granted else None
-        return None if code == ALONE else code - _GRANTED
-
-    @grant.setter
-    def grant(self, slots: int | None) -> None:
-        """Set by the one process of the router that asks for its grants."""
-        code = ALONE if slots is None else slots + _GRANTED
-        if self._shared is not None:
-            self._shared.set_grant(code)
-        else:
-            self._grant = code
-
-    def turned_away(self) -> None:
-        """A request found no room here (it waits, or is refused): the router asks for more
-        of the fleet's slots next time (router.backends.fleet_load)."""
-        if self._shared is not None:
-            self._shared.turned_away()
-        else:
-            self._turned += 1
-
-    def turned_total(self) -> int:
-        """The requests :meth:`turned_away` counted, every worker's, since they started."""
-        return self._shared.turned_total() if self._shared is not None else self._turned
-
-    @property
     def limit(self) -> int | None:
         """The most requests in flight (:attr:`inflight`, the fleet's as heard) that leave
         room here: ``max_inflight``, or, under a grant, the grant plus :attr:`elsewhere`, so
@@ -191,7 +156,7 @@ class BackendState:
         cap = self.spec.max_inflight
         if cap is None:
             return None
-        grant = self.grant
+        grant = self.fleet.grant
         return cap if grant is None else grant + self.elsewhere
 
     @property
@@ -298,7 +263,7 @@ class BackendState:
             "breaker": self.breaker.state,
             "inflight": inflight,
             "max_inflight": self.spec.max_inflight,
-            "grant": self.grant if self.spec.max_inflight is not None else None,
+            "grant": self.fleet.grant if self.spec.max_inflight is not None else None,
             "outstanding_prompt_tokens": prompt,
             "outstanding_output_tokens": output,
             "models": list(self.models),

@@ -112,7 +112,7 @@ class Slot:
         w[at + 3] += output
 
     def set_grant(self, code: int) -> None:
-        """Keep the router's grant here (router.backends.pool.BackendState.grant): only
+        """Keep the router's grant here (router.backends.grants.FleetShare): only
         worker 0 writes it, as the one process that asks for the router's grants."""
         self._words[self._at + _GRANT] = code
 

@@ -318,7 +318,7 @@ class Admission:
                 queues.admitted(cls, share, cost, seat, now)
                 return options.pop(i)
             if since is None and options:  # asks its router for more of the fleet's slots
-                options[0].backend.turned_away()
+                options[0].backend.fleet.turned_away()
             since = now if since is None else since
             refusal = queues.refusal(cls, since, now, front=front)
             if refusal is not None and refusal.reason == "queue_full":

@@ -56,14 +56,14 @@ async def test_a_waiter_is_woken_when_the_grant_grows(redis: RedisServer) -> Non
     pool, admission, load = router(redis.url)
     await load.exchange()
     backend = pool.backends[0]
-    assert backend.grant == 0 and not has_room(backend)
+    assert backend.fleet.grant == 0 and not has_room(backend)
     waiter = asyncio.create_task(admission.take("interactive", [Attempt(backend, "m")]))
     await asyncio.sleep(0.05)
     assert not waiter.done()
     other_router_holds(redis, 0)  # the other router's requests finished
     await load.exchange()
     got = await asyncio.wait_for(waiter, 1.0)  # without a wake, it would wait its 10 s
-    assert got.backend is backend and backend.grant == 2
+    assert got.backend is backend and backend.fleet.grant == 2
     await load.aclose()
 
 
@@ -77,11 +77,11 @@ async def test_an_outage_keeps_the_grant_for_its_time_then_on_error_decides(
         pool, _, load = router(redis.url, on_error)
         await load.start()
         backend = pool.backends[0]
-        assert backend.grant == 2
+        assert backend.fleet.grant == 2
         redis.stop()
         await asyncio.sleep(0.6)  # the outage met: the grant holds...
-        assert backend.grant == 2 and not load.up
+        assert backend.fleet.grant == 2 and not load.up
         await asyncio.sleep(TTL_MS / 1000)  # ...until it would have lapsed in Redis too
-        assert backend.grant == lapsed
+        assert backend.fleet.grant == lapsed
         assert backend.limit == (2 if lapsed is None else 0)
         await load.aclose()

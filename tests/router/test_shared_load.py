@@ -95,16 +95,16 @@ def test_worker_0s_grant_is_every_workers_and_turned_away_requests_add_up() -> N
         Pool(specs, {}, HealthSettings(), shared=shared.row(w), granted=True).by_name["vllm"]
         for w in (0, 1)
     )
-    assert first.grant == second.grant == 0  # none heard yet: none held
-    first.grant = 3
-    assert second.grant == 3 and second.limit == 3
+    assert first.fleet.grant == second.fleet.grant == 0  # none heard yet: none held
+    first.fleet.grant = 3
+    assert second.fleet.grant == 3 and second.limit == 3
     second.lease(_request(1, 1))  # held until the worker dies below
     assert first.limit == 3 and first.inflight == 1  # room for two more, in either worker
-    first.grant = None  # capping alone
-    assert second.grant is None and second.limit == 4
-    first.turned_away()
-    second.turned_away()
-    second.turned_away()
-    assert first.turned_total() == second.turned_total() == 3
+    first.fleet.grant = None  # capping alone
+    assert second.fleet.grant is None and second.limit == 4
+    first.fleet.turned_away()
+    second.fleet.turned_away()
+    second.fleet.turned_away()
+    assert first.fleet.turned_total() == second.fleet.turned_total() == 3
     shared.clear(1)  # worker 1 died: its requests went, the router's grant stays
-    assert first.inflight == 0 and second.grant is None
+    assert first.inflight == 0 and second.fleet.grant is None
