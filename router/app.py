@@ -199,7 +199,11 @@ def _watch(metrics: Metrics, backend: BackendState) -> None:
     def up() -> float:
         return 1.0 if backend.healthy else 0.0
 
-    metrics.watch_backend(backend.name, inflight, up)
+    def grant() -> float:
+        slots = backend.fleet.grant if backend.spec.max_inflight is not None else None
+        return -1.0 if slots is None else float(slots)
+
+    metrics.watch_backend(backend.name, inflight, up, grant if backend.fleet.granted else None)
 
 
 def _left(state: RouterState, backend: BackendState) -> None:

@@ -176,12 +176,12 @@ class FleetShare:
     """One backend's grant for this router, and the requests that found no room on it: in
     its workers' shared memory (router.backends.shared), or, without workers, here."""
 
-    __slots__ = ("_code", "_granted", "_shared", "_turned")
+    __slots__ = ("_code", "_shared", "_turned", "granted")
 
     def __init__(self, shared: Slot | None, granted: bool) -> None:
-        """``granted``: the router's replicas share the backend's cap by slot grants."""
         self._shared = shared
-        self._granted = granted
+        self.granted = granted
+        """The router's replicas share the backend's cap by slot grants."""
         self._code = _UNHEARD
         self._turned = 0
 
@@ -192,7 +192,7 @@ class FleetShare:
         shares its cap but has heard no grant yet holds none."""
         code = self._shared.grant() if self._shared is not None else self._code
         if code == _UNHEARD:
-            return 0 if self._granted else None
+            return 0 if self.granted else None
         return None if code == _ALONE else code - _GRANTED
 
     @grant.setter

@@ -77,6 +77,15 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+        # The router's grant, in the workers' shared memory: every worker reads the same.
+        self._grant = Gauge(
+            "turnout_backend_grant",
+            "Slots of the backend's max_inflight this router holds among its replicas "
+            "(limits.store.redis); -1 without a grant (no cap, or capping alone).",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         # Workers probe on their own: down if any worker sees it down.
         self._up = Gauge(
             "turnout_backend_up",
@@ -182,22 +191,30 @@ class Metrics:
         )  # fmt: skip
 
     def watch_backend(
-        self, backend: str, inflight: Callable[[], float], up: Callable[[], float]
+        self,
+        backend: str,
+        inflight: Callable[[], float],
+        up: Callable[[], float],
+        grant: Callable[[], float] | None = None,
     ) -> None:
-        """Read a backend's gauges from live state at scrape time (nothing per request)."""
+        """Read a backend's gauges from live state at scrape time (nothing per request);
+        ``grant`` only where replicas share the backend's cap."""
         self._watch(self._inflight.labels(backend), inflight)
         self._watch(self._up.labels(backend), up)
+        if grant is not None:
+            self._watch(self._grant.labels(backend), grant)
 
     def unwatch_backend(self, backend: str) -> None:
         """A backend left the router: its gauges go (Prometheus then marks them stale). Its
         request counters and histograms stay, as counters of a running process do."""
         if self._live:  # with workers the files keep the series: stop setting it, leave 0
-            gone = {id(self._inflight.labels(backend)), id(self._up.labels(backend))}
+            gauges = (self._inflight, self._up, self._grant)
+            gone = {id(gauge.labels(backend)) for gauge in gauges}
             for child, _ in self._live:
                 if id(child) in gone:
                     child.set(0)
             self._live = [(child, read) for child, read in self._live if id(child) not in gone]
-        for gauge in (self._inflight, self._up):
+        for gauge in (self._inflight, self._up, self._grant):
             with contextlib.suppress(KeyError):
                 gauge.remove(backend)
 

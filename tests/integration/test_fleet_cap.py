@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from benchmarks.counting_upstream import READY
-from tests.procs import Process, start_process
+from tests.procs import Process, metric, start_process
 from tests.redis_server import RedisServer, start_redis
 from tests.router.harness import Reply, get, post, start_router, write_config
 
@@ -178,6 +178,7 @@ def test_a_killed_routers_slots_come_back_to_the_others(
             time.sleep(1.5)
             assert peak(upstream) == CAP  # router a alone fills the backend again
         assert get(a.url + "/turnout/backends").json()[0]["grant"] == CAP
+        assert metric(a.url, "turnout_backend_grant", {"backend": "capped"}, required=True) == CAP
 
 
 def test_redis_stopped_and_started_again(
@@ -202,6 +203,7 @@ def test_redis_stopped_and_started_again(
             time.sleep(3.5)
             during = hammer.served(a.url), hammer.served(b.url)
             assert during[0] > before[0] and during[1] > before[1]
+            assert metric(b.url, "turnout_backend_grant", required=True) == -1  # capping alone
             redis.start()
             time.sleep(2)  # what each took alone shrinks back to its share
             peak(upstream, reset=True)
