@@ -19,16 +19,23 @@ BODY = (
 )
 
 
+def _posted(url: str, body: bytes) -> socket.socket:
+    """A raw connection to ``url`` that has sent ``body`` to /v1/chat/completions (the
+    caller closes it, its own way)."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    s.sendall(head.encode() + body)
+    return s
+
+
 def _cut(url: str, reset: bool) -> None:
     """Read a few events of a long stream, then close: with an RST (``reset``, as the
     router's abort of an upstream sends) or an orderly FIN."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        head = (
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
-        )
-        s.sendall(head.encode() + BODY)
+    with _posted(url, BODY) as s:
         got = b""
         while got.count(b"data:") < 5:
             data = s.recv(65536)
@@ -64,13 +71,7 @@ def _leave_early(url: str, stream: bool, reset: bool, after: float) -> bool:
             "stream": stream,
         }
     ).encode()
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        head = (
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        s.sendall(head.encode() + body)
+    with _posted(url, body) as s:
         time.sleep(after)
         s.setblocking(False)
         try:
